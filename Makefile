@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine (Python 3.10+, Java 17, gcc):
+#   make demo   install the pinned stack into .venv, run the main job locally
+#   make test   install the same way, run the whole test suite
+# A second run reuses .venv (the stamp below) and starts in seconds.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+# Horovod is built from source: TensorFlow and Gloo only (no MPI, no GPU here;
+# a Databricks GPU runtime ships its own build with NCCL).
+HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+                 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): constraints.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip wheel
+	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
+	$(PIP) install --quiet -c constraints.txt tensorflow-cpu cmake setuptools
+	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-build-isolation -c constraints.txt 'horovod[spark]'
+	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,dev]'
+	$(PY) -c "import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m dist_dl.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/launcher.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info runs

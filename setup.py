@@ -1,0 +1,37 @@
+"""dist_dl: distributed deep learning on Spark (Horovod, Petastorm, MLflow).
+
+Ranges here are what the library needs; the exact versions known to work
+together are pinned in constraints.txt. TensorFlow, Horovod and PySpark are not
+hard requirements: a Databricks ML runtime ships its own (GPU) builds, and a
+pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="dist_dl",
+    version="0.1.0",
+    description="Train deep-learning models across a Spark cluster",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.10",
+    install_requires=[
+        "cloudpickle>=2.0",
+        "numpy>=1.23,<2",
+        "pandas>=1.5,<3",
+        "pyarrow>=10",
+        "petastorm>=0.12.1",
+        "mlflow>=2.9,<3",
+        "databricks-sdk>=0.20",
+        "psutil>=5.9",
+        "pillow>=9",
+        "pyyaml>=6",
+    ],
+    extras_require={
+        # What a machine without a Databricks runtime needs; horovod must be
+        # built with Gloo (see the Makefile for the flags).
+        "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod[spark]==0.28.1"],
+        "delta": ["deltalake>=1.0"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3"],
+    },
+    entry_points={"console_scripts": ["dist-dl=dist_dl.cli:main"]},
+)

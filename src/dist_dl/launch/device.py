@@ -1,0 +1,118 @@
+"""Which device and how many CPU threads each worker gets.
+
+Pure functions of (local rank, local size, what the host has), applied to the
+worker's environment before TensorFlow is imported, so they are tested here on
+both sides: with GPUs described, and with none.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+__all__ = ["DevicePlan", "plan_devices", "visible_gpus", "horovod_env_fixes"]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one worker uses.
+
+    Attributes:
+        gpu: The GPU id this worker sees as its only GPU, or None on CPU.
+        threads: Intra-op threads for TensorFlow/OpenMP/BLAS.
+        cpus: CPU cores to pin the worker to, or None for no pinning.
+        env: Environment variables that realise the plan.
+    """
+
+    gpu: str | None
+    threads: int
+    cpus: tuple[int, ...] | None
+    env: dict
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set (a Spark
+    task with GPU scheduling, a user's restriction), else what ``nvidia-smi``
+    lists, else none."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is not None:
+        return [g.strip() for g in value.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count: int,
+                 threads: int | None = None, pin_cpus: bool = False) -> DevicePlan:
+    """Plan one worker's devices.
+
+    Args:
+        local_rank: The worker's rank on its host.
+        local_size: Workers on its host.
+        gpus: GPU ids the host offers to these workers (see ``visible_gpus``).
+        cpu_count: Cores usable on the host.
+        threads: CPU threads per worker; None shares the cores evenly.
+        pin_cpus: Pin each worker to its own share of the cores.
+
+    Raises:
+        ValueError: More workers on a host than GPUs, or bad counts.
+    """
+    if not 0 <= local_rank < local_size:
+        raise ValueError(f"local_rank {local_rank} is not in [0, local_size={local_size})")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads_per_worker must be >= 1, got {threads}")
+    share = max(1, cpu_count // local_size)
+    threads = threads or share
+    env = {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        # Inter-op: independent ops of a step run concurrently; two keeps the
+        # input pipeline and the model step overlapping without oversubscribing.
+        "TF_NUM_INTEROP_THREADS": str(min(2, threads)),
+    }
+    gpu = None
+    if gpus:
+        if local_size > len(gpus):
+            raise ValueError(
+                f"{local_size} workers on this host but only {len(gpus)} GPU(s) ({','.join(gpus)}): "
+                f"run at most {len(gpus)} workers per host (np), or give each task one GPU "
+                "with spark.task.resource.gpu.amount=1")
+        gpu = gpus[local_rank]
+        # Each worker sees exactly one GPU (its local rank's), as device 0.
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    cpus = None
+    if pin_cpus and cpu_count >= local_size:
+        cpus = tuple(range(local_rank * share, local_rank * share + share))
+    return DevicePlan(gpu=gpu, threads=threads, cpus=cpus, env=env)
+
+
+def horovod_env_fixes(environ: dict) -> list[str]:
+    """Corrections for Horovod settings that are present but not numbers.
+
+    Horovod 0.28.1's function launcher (``horovod.runner.run``) builds its
+    argument object with ``cycle_time_ms = None,`` and ``cache_capacity = None,``
+    (trailing commas make tuples, horovod/runner/__init__.py), so its workers
+    get ``HOROVOD_CYCLE_TIME="(None,)"``. The C++ core parses that with strtof
+    to 0 ms, and the background thread spins (about half a core per idle
+    worker measured here). Any such value is dropped, so Horovod's own default
+    (or the user's real value) applies. Returns the names of the variables to
+    remove.
+    """
+    fixes = []
+    for name in ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_FUSION_THRESHOLD"):
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            float(value)
+        except ValueError:
+            fixes.append(name)
+    return fixes

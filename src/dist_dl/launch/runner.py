@@ -1,0 +1,91 @@
+"""``HorovodRunner``: the launcher data scientists know from Databricks."""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+import cloudpickle
+
+from dist_dl.launch.backend import Backend, select_backend
+from dist_dl.launch.protocol import VERBOSITIES, DriverSink
+from dist_dl.launch.worker import WorkerOptions
+
+__all__ = ["HorovodRunner"]
+
+
+class HorovodRunner:
+    """Runs a training function on ``np`` workers that form one Horovod job.
+
+    Compatible with Databricks' ``sparkdl.HorovodRunner``: same constructor
+    arguments and ``run(main, **kwargs)``; the rest are optional extras.
+
+    Args:
+        np: ``np > 0``: that many Spark tasks, started together (fails within
+            seconds if the cluster has fewer task slots). ``np < 0``: ``-np``
+            processes on the driver machine, Gloo on loopback (development,
+            single-node multi-GPU). On a Databricks runtime that ships
+            ``sparkdl.HorovodRunner``, ``np > 0`` delegates to it.
+        driver_log_verbosity: ``"log_callback_only"`` (default): only
+            ``log_to_driver`` messages reach the driver. ``"all"``: every line
+            of every worker's stdout and stderr, prefixed with its rank.
+        timeout: Seconds the job may run; a worker still running then stops,
+            and ``run`` raises ``JobTimeout``. None (default): no limit.
+        threads_per_worker: CPU threads for each worker (TensorFlow intra-op,
+            OpenMP, BLAS). Default: the host's cores shared evenly among the
+            workers on it.
+        pin_cpus: Pin each worker to its own share of the host's cores.
+        env: Extra environment variables for every worker.
+        spark: SparkSession for ``np > 0`` (default: the active one).
+        backend: A launcher backend to use instead of the automatic choice.
+    """
+
+    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only",
+                 timeout: float | None = None, threads_per_worker: int | None = None,
+                 pin_cpus: bool = False, env: dict | None = None, spark=None,
+                 backend: Backend | None = None):
+        if isinstance(np, bool) or not isinstance(np, int) or np == 0:
+            raise ValueError(
+                f"np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs -np "
+                f"processes on the driver; got {np!r}")
+        if driver_log_verbosity not in VERBOSITIES:
+            raise ValueError(
+                f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if threads_per_worker is not None and (not isinstance(threads_per_worker, int)
+                                               or threads_per_worker < 1):
+            raise ValueError(f"threads_per_worker must be a positive integer or None, "
+                             f"got {threads_per_worker!r}")
+        self.num_processor = np
+        self.driver_log_verbosity = driver_log_verbosity
+        self.timeout = timeout
+        self.threads_per_worker = threads_per_worker
+        self.pin_cpus = pin_cpus
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self._spark = spark
+        self._backend = backend
+
+    def run(self, main: Callable[..., Any], **kwargs) -> Any:
+        """Run ``main(**kwargs)`` on every worker; return rank 0's return value.
+
+        Raises:
+            WorkerError: a worker raised (the error names its rank and carries
+                its traceback) or died; no worker is left running.
+            JobTimeout: the job outlived ``timeout``.
+            NotEnoughSlots: ``np`` exceeds the cluster's task slots.
+        """
+        if not callable(main):
+            raise TypeError(f"main must be a function, got {type(main).__name__}")
+        try:
+            cloudpickle.dumps((main, kwargs))
+        except Exception as exc:
+            raise TypeError(
+                f"main and its keyword arguments must be picklable to reach the workers "
+                f"({exc}); create unpicklable objects (sessions, locks, open files) inside main"
+            ) from exc
+        backend = self._backend or select_backend(self.num_processor, self._spark)
+        options = WorkerOptions(job_id=uuid.uuid4().hex[:12], timeout=self.timeout,
+                                threads_per_worker=self.threads_per_worker,
+                                pin_cpus=self.pin_cpus, env=self.env)
+        sink = DriverSink(self.driver_log_verbosity)
+        return backend.run(main, kwargs, abs(self.num_processor), options, sink)

@@ -1,0 +1,189 @@
+"""``np > 0`` off Databricks: ``np`` Spark tasks form one Horovod job, through
+Horovod's own Spark runner (``horovod.spark.run``, Gloo)."""
+from __future__ import annotations
+
+import codecs
+import functools
+import re
+import shutil
+import threading
+import time
+from typing import Any, Callable
+
+from dist_dl.launch.backend import failure_from
+from dist_dl.launch.errors import JobTimeout, NotEnoughSlots
+from dist_dl.launch.protocol import DriverSink
+from dist_dl.launch.worker import WorkerOptions, run_worker
+from dist_dl.session import get_spark, task_slots
+
+__all__ = ["SparkBackend", "check_slots"]
+
+# One Horovod Spark job at a time per driver: the timeout backstop cancels
+# "the" running job group, whose name Horovod derives from a counter.
+_RUN_LOCK = threading.Lock()
+
+
+def check_slots(spark, num_proc: int, wait: float) -> int:
+    """Wait up to ``wait`` seconds for ``num_proc`` task slots; return the count.
+
+    Horovod on Spark needs all its tasks running at once; with fewer slots its
+    tasks would wait for each other until ``start_timeout`` (10 minutes by
+    default). This fails within seconds instead.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        slots = task_slots(spark)
+        if slots >= num_proc:
+            return slots
+        if time.monotonic() >= deadline:
+            master = spark.sparkContext.master
+            raise NotEnoughSlots(
+                f"HorovodRunner(np={num_proc}) needs {num_proc} Spark tasks running at the same "
+                f"time, but the cluster ({master}) has {slots} task slot(s) now "
+                f"(executor cores / spark.task.cpus). Use np <= {slots}, add workers or cores, "
+                f"or run on the driver machine with np=-{num_proc}.")
+        time.sleep(0.5)
+
+
+class SparkBackend:
+    """Runs workers as Spark tasks with ``horovod.spark.run``.
+
+    Args:
+        spark: SparkSession to run on (default: the active one, else local).
+        slot_wait: Seconds to wait for enough task slots (executors may still
+            be registering) before failing.
+        start_timeout: Seconds Horovod waits for all tasks to start and register.
+        grace: Seconds past the job's timeout before the driver cancels the
+            Spark job of workers that did not stop themselves.
+        nics: Network interfaces for Gloo (default: Horovod finds common ones).
+    """
+
+    name = "spark"
+
+    def __init__(self, spark=None, slot_wait: float = 10.0, start_timeout: float = 120.0,
+                 grace: float = 15.0, nics: list[str] | None = None):
+        self.spark = spark
+        self.slot_wait = slot_wait
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.nics = nics
+
+    def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
+            sink: DriverSink) -> Any:
+        import horovod.spark
+        from horovod.spark.driver import job_id
+
+        spark = self.spark or get_spark()
+        check_slots(spark, num_proc, self.slot_wait)
+        _allow_off_main_thread()
+        _stream_output_live()
+        worker_fn = functools.partial(run_worker, options, fn, kwargs)
+        stream = sink.stream()
+        with _RUN_LOCK:
+            expired = threading.Event()
+            backstop = None
+            if options.timeout:
+                # Horovod names its job group after a counter it increments at
+                # the start of run(): the group is the next number.
+                group = f"horovod.spark.run.{job_id.JOB_ID + 1}"
+
+                def cancel():
+                    expired.set()
+                    spark.sparkContext.cancelJobGroup(group)
+
+                backstop = threading.Timer(options.timeout + self.grace, cancel)
+                backstop.daemon = True
+                backstop.start()
+            try:
+                results = horovod.spark.run(
+                    worker_fn, num_proc=num_proc, start_timeout=int(self.start_timeout),
+                    use_gloo=True, stdout=stream, stderr=stream, verbose=0,
+                    nics=set(self.nics) if self.nics else None)
+            except Exception as exc:
+                sink.close()
+                if expired.is_set() and sink.first("timeout") is None:
+                    raise JobTimeout(
+                        f"the job did not finish within its timeout of {options.timeout:g} s "
+                        f"(+{self.grace:g} s grace); its Spark tasks were cancelled") from exc
+                raise failure_from(sink, _first_failed(exc), options.timeout) from exc
+            finally:
+                if backstop is not None:
+                    backstop.cancel()
+        sink.close()
+        return results[0]
+
+
+def _first_failed(exc: Exception) -> tuple[int, int] | None:
+    """Rank and exit code from Horovod's launcher message, if it has them."""
+    text = str(exc)
+    name = re.search(r"Process name: (\d+)", text)
+    code = re.search(r"Exit code: (-?\d+)", text)
+    if name and code:
+        return int(name.group(1)), int(code.group(1))
+    return None
+
+
+class _LiveCopy:
+    """Stands in for the ``shutil`` module inside Horovod's network code."""
+
+    def __getattr__(self, name):
+        return getattr(shutil, name)
+
+    @staticmethod
+    def copyfileobj(src, dst, length=0):
+        raw = getattr(src, "stream", None)  # codecs.StreamReader over the socket
+        if raw is None or not hasattr(raw, "read1"):
+            return shutil.copyfileobj(src, dst, length) if length else shutil.copyfileobj(src, dst)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            chunk = raw.read1(65536)
+            if not chunk:
+                tail = decoder.decode(b"", final=True)
+                if tail:
+                    dst.write(tail)
+                return None
+            dst.write(decoder.decode(chunk))
+
+
+def _stream_output_live() -> None:
+    """Make worker output reach the driver as it is written.
+
+    Horovod's driver-side client copies a task's output stream with
+    ``shutil.copyfileobj(codecs.StreamReader(socket_file), stream)``
+    (``horovod/runner/common/util/network.py``, ``BasicClient._send_one``):
+    each read asks the buffered socket file for 64 KiB and blocks until that
+    much has arrived, so a worker's lines (and its ``log_to_driver`` messages)
+    reach the driver only in 64 KiB batches or when the worker exits. Measured
+    here: a worker's error record arrived 20 s after it was written. The task
+    side writes unbuffered, so only the driver side is changed: the copy
+    forwards whatever bytes are available.
+    """
+    from horovod.runner.common.util import network
+
+    if not isinstance(network.shutil, _LiveCopy):
+        network.shutil = _LiveCopy()
+
+
+def _allow_off_main_thread() -> None:
+    """Let ``horovod.spark.run`` work from a thread other than the main one.
+
+    Its Gloo launcher installs SIGINT/SIGTERM handlers
+    (``horovod.runner.gloo_run.register_shutdown_event``), which Python allows
+    only in the main thread: from any other thread (a notebook's execution
+    thread, a web service, a pipeline's worker thread) it raises ValueError.
+    Horovod is unmaintained (0.28.1 is its last release), so the function is
+    wrapped here: off the main thread it returns an event without handlers.
+    """
+    from horovod.runner import gloo_run
+
+    original = gloo_run.register_shutdown_event
+    if getattr(original, "_dist_dl_wrapped", False):
+        return
+
+    def register_shutdown_event():
+        if threading.current_thread() is threading.main_thread():
+            return original()
+        return threading.Event()
+
+    register_shutdown_event._dist_dl_wrapped = True
+    gloo_run.register_shutdown_event = register_shutdown_event

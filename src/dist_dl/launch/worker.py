@@ -1,0 +1,263 @@
+"""What runs inside every worker process, around the user's function.
+
+Shipped to workers by every backend (pickled into Horovod's Spark task, or
+started as ``python -m dist_dl.launch.worker`` by the local backend). Before
+the user's function runs it: fixes Horovod's environment, gives the worker its
+device and CPU threads, routes the worker's output to the driver with its rank,
+and arms the deadline. If the function raises, the error and its traceback go
+to the driver as a record before the process exits non-zero.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dist_dl.launch import device, protocol
+
+__all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
+
+TIMEOUT_EXIT_CODE = 124
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Per-job settings every worker receives.
+
+    Attributes:
+        job_id: Identifier of the launch (names temp files, shows in logs).
+        timeout: Seconds the worker may run before it stops itself; None: no limit.
+        threads_per_worker: CPU threads per worker; None shares the host's cores.
+        pin_cpus: Pin each worker to its own cores.
+        capture_output: Route output to the driver through the protocol. Off
+            when another launcher (Databricks' HorovodRunner) carries the logs.
+        env: Extra environment variables for the worker.
+    """
+
+    job_id: str
+    timeout: float | None = None
+    threads_per_worker: int | None = None
+    pin_cpus: bool = False
+    capture_output: bool = True
+    env: dict = field(default_factory=dict)
+
+
+_capture: "_OutputCapture | None" = None
+_delegate_log: Callable[[str], None] | None = None
+
+
+def log_to_driver(message: str) -> None:
+    """Send ``message`` from a worker to the driver's output, whatever the
+    runner's ``driver_log_verbosity``. Outside a worker, prints it."""
+    if _capture is not None:
+        _capture.control(protocol.encode_control("log", _rank(), message=str(message)))
+    elif _delegate_log is not None:
+        _delegate_log(str(message))
+    else:
+        print(message, flush=True)
+
+
+def _rank() -> int:
+    return int(os.environ.get("HOROVOD_RANK", "0"))
+
+
+def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
+    """Apply the Horovod fixes, the extra env and the device plan to os.environ.
+
+    Must run before TensorFlow is imported in this process: thread counts and
+    visible GPUs are read once, when TensorFlow initialises.
+    """
+    os.environ.update(options.env)
+    for name in device.horovod_env_fixes(os.environ):
+        del os.environ[name]
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    plan = device.plan_devices(local_rank, local_size, gpus=device.visible_gpus(),
+                               cpu_count=len(os.sched_getaffinity(0)),
+                               threads=options.threads_per_worker, pin_cpus=options.pin_cpus)
+    for name, value in plan.env.items():
+        # A value the user set explicitly for the job wins over the plan.
+        if name not in options.env:
+            os.environ[name] = value
+    if plan.cpus:
+        os.sched_setaffinity(0, plan.cpus)
+    return plan
+
+
+def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> Any:
+    """Run ``fn(**kwargs)`` as one worker of a job; returns its result."""
+    global _capture
+    rank = _rank()
+    if options.capture_output:
+        _capture = _OutputCapture(rank)
+    try:
+        prepare_environment(options)
+        if _capture is not None:
+            _capture.control(protocol.encode_control(
+                "start", rank, pid=os.getpid(), host=socket.gethostname(), time=time.time()))
+        deadline = _Deadline(options.timeout, rank)
+        try:
+            return fn(**kwargs)
+        finally:
+            deadline.cancel()
+    except BaseException as exc:
+        record = protocol.encode_control(
+            "error", rank, type=type(exc).__name__, message=str(exc),
+            traceback="".join(traceback.format_exception(exc)))
+        if _capture is not None:
+            _capture.control(record)
+        else:
+            sys.stderr.write(record)
+            sys.stderr.flush()
+        raise
+    finally:
+        _end_children()
+        if _capture is not None:
+            _capture.close()
+            _capture = None
+
+
+def _end_children(wait: float = 3.0) -> None:
+    """Stop every process this worker started that is still running.
+
+    Nothing a worker started may outlive it: Horovod's Spark task service
+    stops only the worker process itself when it exits on its own, so a
+    child (a data-loader pool, a subprocess) would be left orphaned.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=wait)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+class _Deadline:
+    """Ends this worker when the job's timeout passes, so that a worker stuck
+    in a collective or a loop never outlives the job (the driver has its own
+    backstop too)."""
+
+    def __init__(self, timeout: float | None, rank: int):
+        self._timer = None
+        if timeout:
+            self._timer = threading.Timer(timeout, self._expire, args=(timeout, rank))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    @staticmethod
+    def _expire(timeout: float, rank: int) -> None:
+        record = protocol.encode_control("timeout", rank, seconds=timeout)
+        if _capture is not None:
+            _capture.control(record)
+        else:
+            sys.stderr.write(record)
+            sys.stderr.flush()
+        _end_children(wait=1.0)
+        if _capture is not None:
+            _capture.close(join_timeout=2)
+        os._exit(TIMEOUT_EXIT_CODE)
+
+
+class _OutputCapture:
+    """Redirects this process's fds 1 and 2 (so output of C++ code and child
+    processes is caught too) through pipes whose lines are prefixed with the
+    rank and written to the original fds, which lead to the driver."""
+
+    def __init__(self, rank: int):
+        self._lock = threading.Lock()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self._real = {1: os.dup(1), 2: os.dup(2)}
+        self._threads = []
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            thread = threading.Thread(target=self._pump, name=f"dist_dl-{name}", daemon=True,
+                                      args=(read_end, self._real[fd],
+                                            protocol.line_prefix(rank, name).encode()))
+            thread.start()
+            self._threads.append(thread)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(line_buffering=True)
+            except (AttributeError, ValueError):
+                pass
+        self._closed = False
+
+    def _pump(self, read_end: int, out_fd: int, prefix: bytes) -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                self._write(out_fd, prefix + line)
+
+    def _write(self, fd: int, data: bytes) -> None:
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    written = os.write(fd, view)
+                except OSError:
+                    return  # the driver went away; nothing left to tell
+                view = view[written:]
+
+    def control(self, line: str) -> None:
+        self._write(self._real[2], line.encode())
+
+    def close(self, join_timeout: float = 10) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        # Point fds 1 and 2 back at the originals: that closes the pipes' last
+        # write ends (unless a child process still holds them), so the pumps
+        # drain and stop.
+        for fd, real in self._real.items():
+            os.dup2(real, fd)
+        for thread in self._threads:
+            thread.join(join_timeout)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of a worker process started by the local backend:
+    ``python -m dist_dl.launch._worker_main PAYLOAD RESULT``."""
+    import cloudpickle
+
+    payload_path, result_path = argv
+    with open(payload_path, "rb") as f:
+        options, fn, kwargs = cloudpickle.load(f)
+    try:
+        result = run_worker(options, fn, kwargs)
+    except BaseException:  # reported to the driver by run_worker
+        return 1
+    if _rank() == 0:
+        tmp = result_path + ".tmp"
+        with open(tmp, "wb") as f:
+            cloudpickle.dump(result, f)
+        os.replace(tmp, result_path)
+    return 0

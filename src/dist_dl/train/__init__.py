@@ -1,0 +1,1 @@
+"""The per-worker training loop: code that runs inside each Horovod worker."""

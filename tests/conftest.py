@@ -1,0 +1,108 @@
+"""Shared fixtures: a hermetic local Spark, a real standalone cluster on loopback."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Keep TensorFlow quiet and off the network in every process the tests start.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def pytest_collection_modifyitems(config, items):
+    # One SparkContext per process: tests on the standalone cluster replace the
+    # local session, so they run last and the local ones share one session.
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
+@pytest.fixture
+def spark():
+    """A `local[2]` SparkSession, started once and shared (restarted if a
+    cluster test replaced it)."""
+    from dist_dl.session import get_spark
+
+    return get_spark("local[2]")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, deadline: float) -> None:
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory):
+    """A real Spark standalone cluster: one master and two one-core workers on
+    127.0.0.1, started with PySpark's own `spark-class` launcher. Yields the
+    master URL."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    spark_class = spark_home / "bin" / "spark-class"
+    base = tmp_path_factory.mktemp("standalone")
+    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(base / "logs"),
+               SPARK_WORKER_DIR=str(base / "work"))
+    port, ui = _free_port(), _free_port()
+    procs, logs = [], []
+
+    def start(name, *args):
+        log = open(base / f"{name}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen([str(spark_class), *args], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+
+    start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+          "--port", str(port), "--webui-port", str(ui))
+    _wait_for_port(port, time.time() + 60)
+    url = f"spark://127.0.0.1:{port}"
+    for i in range(2):
+        start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+              "--cores", "1", "--memory", "2g", "--webui-port", str(_free_port()),
+              "--work-dir", str(base / f"work{i}"))
+    try:
+        yield url
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 15)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+        for log in logs:
+            log.close()
+
+
+@pytest.fixture
+def cluster_spark(standalone_cluster):
+    """A SparkSession on the standalone cluster, with both workers registered."""
+    from dist_dl.session import get_spark, task_slots
+
+    spark = get_spark(standalone_cluster, conf={"spark.executor.memory": "1g",
+                                                "spark.cores.max": "2"})
+    deadline = time.time() + 90
+    while task_slots(spark) < 2:
+        if time.time() > deadline:
+            raise TimeoutError("the standalone cluster's two executors did not register")
+        time.sleep(0.5)
+    return spark

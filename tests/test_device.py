@@ -1,0 +1,46 @@
+"""Device plans, both sides of the GPU seam (no GPU here: plans are pure)."""
+import pytest
+
+from dist_dl.launch.device import horovod_env_fixes, plan_devices, visible_gpus
+
+
+def test_gpu_host_gives_each_worker_its_local_rank_gpu():
+    plans = [plan_devices(r, 4, gpus=["0", "1", "2", "3"], cpu_count=32) for r in range(4)]
+    assert [p.gpu for p in plans] == ["0", "1", "2", "3"]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "2", "3"]
+    assert all(p.threads == 8 for p in plans)
+
+
+def test_gpu_ids_from_spark_resources_are_respected():
+    # A task given GPUs 5 and 7 (CUDA_VISIBLE_DEVICES=5,7): local rank 1 gets 7.
+    assert plan_devices(1, 2, gpus=["5", "7"], cpu_count=8).env["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_more_workers_than_gpus_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"3 workers on this host but only 2 GPU"):
+        plan_devices(0, 3, gpus=["0", "1"], cpu_count=8)
+
+
+def test_cpu_host_shares_cores_and_can_pin():
+    plans = [plan_devices(r, 2, gpus=[], cpu_count=8, pin_cpus=True) for r in range(2)]
+    assert [p.gpu for p in plans] == [None, None]
+    assert "CUDA_VISIBLE_DEVICES" not in plans[0].env
+    assert [p.threads for p in plans] == [4, 4]
+    assert plans[0].cpus == (0, 1, 2, 3) and plans[1].cpus == (4, 5, 6, 7)
+    assert plans[0].env["TF_NUM_INTRAOP_THREADS"] == "4"
+    assert plan_devices(0, 4, gpus=[], cpu_count=2).threads == 1  # never zero
+    assert plan_devices(0, 2, gpus=[], cpu_count=8, threads=1).env["OMP_NUM_THREADS"] == "1"
+
+
+def test_visible_gpus_reads_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
+def test_horovod_tuple_values_are_dropped():
+    env = {"HOROVOD_CYCLE_TIME": "(None,)", "HOROVOD_CACHE_CAPACITY": "(None,)",
+           "HOROVOD_FUSION_THRESHOLD": "67108864"}
+    assert sorted(horovod_env_fixes(env)) == ["HOROVOD_CACHE_CAPACITY", "HOROVOD_CYCLE_TIME"]
+    assert horovod_env_fixes({"HOROVOD_CYCLE_TIME": "3.5"}) == []

@@ -1,0 +1,245 @@
+"""HorovodRunner end to end: real Horovod over Gloo, real worker processes,
+real Spark (local and a standalone cluster)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+import psutil
+import pytest
+
+import workers
+from dist_dl import HorovodRunner, JobTimeout, NotEnoughSlots, WorkerError
+from dist_dl.launch.backend import select_backend
+from dist_dl.launch.local import LocalBackend
+from dist_dl.launch.spark import SparkBackend
+
+# Ship the test's worker functions by value: workers need not import `tests`.
+cloudpickle.register_pickle_by_value(workers)
+
+EXPECTED_SUM = [3.0 * 10 ** i for i in range(5)]  # ranks contribute 1x and 2x
+
+
+def _check_allreduce(gathered):
+    assert sorted(r for r, _, _ in gathered) == [0, 1]
+    for rank, size, summed in gathered:
+        assert size == 2
+        assert summed == EXPECTED_SUM, f"rank {rank} got {summed}"
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_local_processes():
+    _check_allreduce(HorovodRunner(np=-2).run(workers.allreduce_known))
+
+
+@pytest.mark.timeout(180)
+def test_allreduce_local_spark(spark):
+    runner = HorovodRunner(np=2, spark=spark)
+    assert isinstance(select_backend(2, spark), SparkBackend)
+    _check_allreduce(runner.run(workers.allreduce_known))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_allreduce_standalone_cluster(cluster_spark):
+    _check_allreduce(HorovodRunner(np=2, spark=cluster_spark).run(workers.allreduce_known))
+
+
+@pytest.mark.timeout(120)
+def test_weights_identical_on_all_ranks_after_training():
+    per_rank = HorovodRunner(np=-2).run(workers.train_steps, steps=3)
+    assert len(per_rank) == 2
+    first, second = ([np.array(w) for w in ws] for ws in per_rank)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+def _pids(pid_file):
+    pids = []
+    for rank in (0, 1):
+        path = f"{pid_file}.{rank}"
+        if os.path.exists(path):
+            pids += [int(p) for p in open(path).read().split()]
+    return pids
+
+
+def _assert_gone_within(pids, seconds=10.0):
+    end = time.time() + seconds
+    alive = pids
+    while time.time() < end:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes still running {seconds:g} s after the job: {alive}")
+
+
+@pytest.mark.timeout(120)
+def test_worker_exception_names_rank_and_leaves_no_process(tmp_path):
+    pid_file = str(tmp_path / "pids")
+    with pytest.raises(WorkerError) as info:
+        HorovodRunner(np=-2).run(workers.fail_on_rank, fail_rank=1, pid_file=pid_file,
+                                 message="boom: bad batch 17")
+    err = info.value
+    assert err.rank == 1 and err.worker_type == "ValueError"
+    assert "rank 1" in str(err) and "boom: bad batch 17" in str(err)
+    assert "fail_on_rank" in err.worker_traceback  # the worker's own traceback
+    pids = _pids(pid_file)
+    assert len(pids) == 4  # both workers and the child each started
+    _assert_gone_within(pids)
+
+
+@pytest.mark.timeout(180)
+def test_worker_exception_on_spark(spark, tmp_path):
+    pid_file = str(tmp_path / "pids")
+    with pytest.raises(WorkerError) as info:
+        HorovodRunner(np=2, spark=spark).run(workers.fail_on_rank, fail_rank=1, pid_file=pid_file,
+                                             message="boom on spark", use_horovod=True)
+    assert info.value.rank == 1 and "boom on spark" in str(info.value)
+    assert "fail_on_rank" in info.value.worker_traceback
+    pids = _pids(pid_file)
+    assert len(pids) == 4
+    _assert_gone_within(pids)
+
+
+@pytest.mark.timeout(120)
+def test_worker_killed_by_signal_is_named():
+    with pytest.raises(WorkerError) as info:
+        HorovodRunner(np=-2).run(workers.kill_self_on_rank, kill_rank=0)
+    assert info.value.rank == 0
+    assert "SIGKILL" in str(info.value) and "about to die" in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_timeout_local():
+    start = time.monotonic()
+    with pytest.raises(JobTimeout, match="timeout of 3 s"):
+        HorovodRunner(np=-2, timeout=3).run(workers.sleep_forever)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(180)
+def test_timeout_spark(spark):
+    with pytest.raises(JobTimeout):
+        HorovodRunner(np=2, timeout=5, spark=spark).run(workers.sleep_forever)
+
+
+@pytest.mark.timeout(60)
+def test_more_processes_than_slots_fails_fast(spark):
+    start = time.monotonic()
+    with pytest.raises(NotEnoughSlots, match=r"np=3.*has 2 task slot"):
+        HorovodRunner(np=3, spark=spark).run(workers.sleep_forever)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(120)
+def test_log_to_driver_only(capsys):
+    assert HorovodRunner(np=-2).run(workers.talk, message="hello") == 0
+    out = capsys.readouterr().out
+    assert "[0] hello from rank 0" in out and "[1] hello from rank 1" in out
+    assert "plain stdout line" not in out
+
+
+@pytest.mark.timeout(120)
+def test_verbosity_all_prefixes_every_line_with_rank(capsys):
+    HorovodRunner(np=-2, driver_log_verbosity="all").run(workers.talk, message="hi")
+    out = capsys.readouterr().out
+    assert "[0]<stdout>:plain stdout line from 0" in out
+    assert "[1]<stdout>:plain stdout line from 1" in out
+    assert "[1] hi from rank 1" in out
+
+
+@pytest.mark.timeout(120)
+def test_threads_env_and_pinning():
+    runner = HorovodRunner(np=-2, threads_per_worker=1, pin_cpus=True, env={"DIST_DL_EXTRA": "x"})
+    env, cpus = runner.run(workers.report_environment)
+    assert env["OMP_NUM_THREADS"] == "1" and env["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert env["DIST_DL_EXTRA"] == "x" and env["HOROVOD_RANK"] == "0"
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert cpus == [sorted(os.sched_getaffinity(0))[0]] or len(cpus) == 1
+
+
+@pytest.mark.timeout(180)
+def test_idle_worker_does_not_spin(monkeypatch):
+    """Horovod's own function launcher hands workers HOROVOD_CYCLE_TIME="(None,)";
+    a worker of ours inheriting that value must still idle cheaply. The control
+    run through horovod.runner.run shows the measurement can tell the spin."""
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "(None,)")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "(None,)")
+    ours = HorovodRunner(np=-2).run(workers.idle_cost)
+    import horovod.runner
+
+    control = horovod.runner.run(workers.idle_cost, np=2, use_gloo=True, verbose=0)[0]
+    ours_cost = max(r for _, r, _ in ours)
+    control_cost = min(r for _, r, _ in control)
+    print(f"idle CPU per wall second: ours {ours_cost:.2f}, horovod.runner.run {control_cost:.2f}")
+    assert all(env is None for _, _, env in ours), ours
+    assert ours_cost < 0.3, ours
+    assert control_cost > 2 * ours_cost, (ours, control)
+
+
+def test_bad_arguments_fail_before_any_worker_starts():
+    with pytest.raises(ValueError, match="np must be a non-zero integer"):
+        HorovodRunner(np=0)
+    with pytest.raises(ValueError, match="driver_log_verbosity must be one of"):
+        HorovodRunner(np=-2, driver_log_verbosity="everything")
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        HorovodRunner(np=-2, timeout=-1)
+    import threading
+
+    with pytest.raises(TypeError, match="must be picklable"):
+        HorovodRunner(np=-2).run(workers.talk, message=threading.Lock())
+    assert isinstance(select_backend(-2), LocalBackend)
+
+
+SPARKDL_FAKE = '''
+"""Stand-in for Databricks' sparkdl: the contract the DatabricksBackend relies
+on (HorovodRunner(np=, driver_log_verbosity=).run(main, **kwargs) returns
+rank 0's value; sparkdl.horovod.log_to_driver), run in-process as one rank."""
+calls = []
+
+class HorovodRunner:
+    def __init__(self, *, np, driver_log_verbosity="log_callback_only"):
+        self.np, self.verbosity = np, driver_log_verbosity
+
+    def run(self, main, **kwargs):
+        import os
+        calls.append((self.np, self.verbosity, sorted(kwargs)))
+        os.environ.setdefault("HOROVOD_RANK", "0")
+        return main(**kwargs)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "sparkdl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(SPARKDL_FAKE)
+    (pkg / "horovod.py").write_text(
+        "messages = []\ndef log_to_driver(message):\n    messages.append(message)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("sparkdl", "sparkdl.horovod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "(None,)")
+    import sparkdl
+    import sparkdl.horovod
+
+    from dist_dl.launch.databricks import DatabricksBackend
+
+    assert isinstance(select_backend(4), DatabricksBackend)
+    result = HorovodRunner(np=4, driver_log_verbosity="all", threads_per_worker=3).run(
+        workers.talk, message="via sparkdl")
+    assert result == 0
+    assert sparkdl.calls == [(4, "all", ["message"])]
+    assert sparkdl.horovod.messages == ["via sparkdl from rank 0"]
+    # Our worker preparation ran inside sparkdl's worker: threads and the Horovod fix.
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert "HOROVOD_CYCLE_TIME" not in os.environ
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_RANK"):
+        os.environ.pop(name, None)

@@ -1,0 +1,121 @@
+"""Worker functions the launcher tests ship to workers (importable by name on
+every worker, so they pickle by reference)."""
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import time
+
+
+def allreduce_known(values_per_rank: int = 5):
+    """Each rank contributes (rank+1) * [1, 10, 100, ...]; returns every rank's
+    (rank, size, result of the sum) gathered on rank 0."""
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    hvd.init()
+    base = np.array([10.0 ** i for i in range(values_per_rank)])
+    summed = hvd.allreduce(tf.constant(base * (hvd.rank() + 1)), op=hvd.Sum)
+    return hvd.allgather_object((hvd.rank(), hvd.size(), summed.numpy().tolist()))
+
+
+def train_steps(steps: int = 3):
+    """A few synchronous SGD steps of a small Keras model, each rank starting
+    from its own random weights and on its own data; returns every rank's final
+    weights (identical only if the broadcast and the allreduce worked)."""
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    hvd.init()
+    tf.random.set_seed(1000 + hvd.rank())  # different initial weights per rank on purpose
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                                 tf.keras.layers.Dense(3)])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(hvd.rank())
+    x, y = rng.normal(size=(16 * steps, 4)).astype("float32"), rng.integers(0, 3, 16 * steps)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
+
+
+def fail_on_rank(fail_rank: int, pid_file: str, message: str, use_horovod: bool = False):
+    """Every rank records its pid and a child's; ``fail_rank`` raises, the
+    others wait (in an allreduce when ``use_horovod``)."""
+    child = subprocess.Popen(["sleep", "600"])
+    rank = int(os.environ["HOROVOD_RANK"])
+    with open(f"{pid_file}.{rank}", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    if use_horovod:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        if hvd.rank() == fail_rank:
+            time.sleep(1)
+            raise ValueError(message)
+        hvd.allreduce(tf.constant([1.0]))
+        time.sleep(600)
+    if rank == fail_rank:
+        time.sleep(0.5)
+        raise ValueError(message)
+    time.sleep(600)
+
+
+def kill_self_on_rank(kill_rank: int):
+    if int(os.environ["HOROVOD_RANK"]) == kill_rank:
+        print("about to die", flush=True)
+        time.sleep(0.5)  # the rank-prefixing thread forwards the line meanwhile
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+def sleep_forever():
+    time.sleep(600)
+
+
+def talk(message: str):
+    from dist_dl import log_to_driver
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    print(f"plain stdout line from {rank}", flush=True)
+    log_to_driver(f"{message} from rank {rank}")
+    return rank
+
+
+def report_environment():
+    keys = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
+            "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_RANK", "DIST_DL_EXTRA")
+    return {k: os.environ.get(k) for k in keys}, sorted(os.sched_getaffinity(0))
+
+
+def idle_cost(seconds: float = 4.0):
+    """CPU seconds per wall second of a worker that is idle after hvd.init()
+    (Horovod's background thread is all that runs); gathered on rank 0."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    time.sleep(1.0)  # let start-up work settle
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0, wall0 = usage.ru_utime + usage.ru_stime, time.monotonic()
+    time.sleep(seconds)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    ratio = (usage.ru_utime + usage.ru_stime - cpu0) / (time.monotonic() - wall0)
+    env = os.environ.get("HOROVOD_CYCLE_TIME")
+    return hvd.allgather_object((hvd.rank(), ratio, env))
+
+
+def first_line_time():
+    """Wall-clock time at the first line of a worker function (for the
+    launcher benchmark); gathered on rank 0 as the latest of all ranks."""
+    started = time.time()
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return max(hvd.allgather_object(started))
