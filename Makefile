@@ -29,7 +29,7 @@ $(STAMP): constraints.txt setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m dist_dl.cli demo
+	$(PY) -m dist_dl.cli demo --config conf/demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,5 +1,9 @@
 """The main job of `make demo`, end to end on small settings."""
+from pathlib import Path
+
 import pytest
+
+CONF = Path(__file__).parent.parent / "conf" / "demo.yaml"
 
 
 @pytest.mark.timeout(240)
@@ -8,7 +12,8 @@ def test_demo_trains_and_logs_to_mlflow(spark, tmp_path, capsys):
 
     from dist_dl.cli import main
 
-    assert main(["demo", "--epochs", "2", "--steps", "15", "--output", str(tmp_path)]) == 0
+    assert main(["demo", "--config", str(CONF), "--epochs", "2", "--steps", "15",
+                 "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "MLflow run" in out
     client = mlflow.tracking.MlflowClient(f"file://{tmp_path}/mlruns")
