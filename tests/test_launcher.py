@@ -3,6 +3,7 @@ real Spark (local and a standalone cluster)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -45,6 +46,7 @@ def test_allreduce_local_spark(spark):
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_allreduce_standalone_cluster(cluster_spark):
+    assert isinstance(select_backend(2, cluster_spark), SparkBackend)
     _check_allreduce(HorovodRunner(np=2, spark=cluster_spark).run(workers.allreduce_known))
 
 
@@ -231,15 +233,32 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
 
     from dist_dl.launch.databricks import DatabricksBackend
 
-    assert isinstance(select_backend(4), DatabricksBackend)
-    result = HorovodRunner(np=4, driver_log_verbosity="all", threads_per_worker=3).run(
-        workers.talk, message="via sparkdl")
-    assert result == 0
-    assert sparkdl.calls == [(4, "all", ["message"])]
-    assert sparkdl.horovod.messages == ["via sparkdl from rank 0"]
-    # Our worker preparation ran inside sparkdl's worker: threads and the Horovod fix.
-    assert os.environ["OMP_NUM_THREADS"] == "3"
-    assert "HOROVOD_CYCLE_TIME" not in os.environ
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_RANK"):
-        os.environ.pop(name, None)
+    try:
+        assert isinstance(select_backend(4), DatabricksBackend)
+        # The fake runs the worker in this process, as a Spark driver would
+        # host it: children this process had before (here, like the Spark
+        # JVM) must survive the worker's clean-up. (CI once lost its JVM so.)
+        bystander = subprocess.Popen(["sleep", "60"])
+        try:
+            result = HorovodRunner(np=4, driver_log_verbosity="all", threads_per_worker=3).run(
+                workers.talk, message="via sparkdl")
+            assert bystander.poll() is None, "the worker's clean-up killed a process it did not start"
+        finally:
+            bystander.kill()
+            bystander.wait()
+        assert result == 0
+        assert sparkdl.calls == [(4, "all", ["message"])]
+        assert sparkdl.horovod.messages == ["via sparkdl from rank 0"]
+        # Our worker preparation ran inside sparkdl's worker: threads and the Horovod fix.
+        assert os.environ["OMP_NUM_THREADS"] == "3"
+        assert "HOROVOD_CYCLE_TIME" not in os.environ
+    finally:
+        # A fake sparkdl left importable would make every later np > 0 run
+        # "delegate" to it, in this process, as a single rank.
+        for name in ("sparkdl.horovod", "sparkdl"):
+            sys.modules.pop(name, None)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                     "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_RANK"):
+            os.environ.pop(name, None)
+    monkeypatch.undo()  # sparkdl off sys.path again
+    assert not isinstance(select_backend(4), DatabricksBackend)

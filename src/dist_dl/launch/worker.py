@@ -93,6 +93,10 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
     """Run ``fn(**kwargs)`` as one worker of a job; returns its result."""
     global _capture
     rank = _rank()
+    # Children that exist already are not this job's: in-process delegation
+    # (sparkdl's worker, a test) runs us inside a process that has its own
+    # children, such as the Spark JVM of a driver, which must survive.
+    preexisting = _child_pids()
     if options.capture_output:
         _capture = _OutputCapture(rank)
     try:
@@ -100,7 +104,7 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
         if _capture is not None:
             _capture.control(protocol.encode_control(
                 "start", rank, pid=os.getpid(), host=socket.gethostname(), time=time.time()))
-        deadline = _Deadline(options.timeout, rank)
+        deadline = _Deadline(options.timeout, rank, preexisting)
         try:
             return fn(**kwargs)
         finally:
@@ -116,23 +120,34 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
             sys.stderr.flush()
         raise
     finally:
-        _end_children()
+        _end_children(preexisting)
         if _capture is not None:
             _capture.close()
             _capture = None
 
 
-def _end_children(wait: float = 3.0) -> None:
+def _child_pids() -> frozenset:
+    import psutil
+
+    try:
+        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return frozenset()
+
+
+def _end_children(keep: frozenset = frozenset(), wait: float = 3.0) -> None:
     """Stop every process this worker started that is still running.
 
     Nothing a worker started may outlive it: Horovod's Spark task service
     stops only the worker process itself when it exits on its own, so a
     child (a data-loader pool, a subprocess) would be left orphaned.
+    Processes in ``keep`` (children that existed before the job's function
+    started) are left alone.
     """
     import psutil
 
     try:
-        children = psutil.Process().children(recursive=True)
+        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     except psutil.Error:
         return
     for child in children:
@@ -153,10 +168,10 @@ class _Deadline:
     in a collective or a loop never outlives the job (the driver has its own
     backstop too)."""
 
-    def __init__(self, timeout: float | None, rank: int):
+    def __init__(self, timeout: float | None, rank: int, keep: frozenset = frozenset()):
         self._timer = None
         if timeout:
-            self._timer = threading.Timer(timeout, self._expire, args=(timeout, rank))
+            self._timer = threading.Timer(timeout, self._expire, args=(timeout, rank, keep))
             self._timer.daemon = True
             self._timer.start()
 
@@ -165,14 +180,14 @@ class _Deadline:
             self._timer.cancel()
 
     @staticmethod
-    def _expire(timeout: float, rank: int) -> None:
+    def _expire(timeout: float, rank: int, keep: frozenset) -> None:
         record = protocol.encode_control("timeout", rank, seconds=timeout)
         if _capture is not None:
             _capture.control(record)
         else:
             sys.stderr.write(record)
             sys.stderr.flush()
-        _end_children(wait=1.0)
+        _end_children(keep, wait=1.0)
         if _capture is not None:
             _capture.close(join_timeout=2)
         os._exit(TIMEOUT_EXIT_CODE)
