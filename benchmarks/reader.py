@@ -1,0 +1,135 @@
+"""Reader throughput: images/s from make_dataset (one rank) against in-memory decoding.
+
+Writes synthetic JPEG shards (typical stored ImageNet size: 256 px, cropped
+to 224), then, in interleaved rounds within one process, times:
+
+- reader:   ``make_dataset(url, rank=0, size=1, ...)``, the training pipeline
+            (Petastorm -> shuffle -> decode + random resized crop + flip ->
+            normalise -> batch -> prefetch);
+- baseline: the same JPEG bytes held in memory, through the same transform
+            with the same parallelism (``tf.data`` from tensors, map with
+            AUTOTUNE, batch, prefetch): what the reader would reach if reading
+            Parquet cost nothing. The goal is reader >= 0.8 x baseline.
+- eager:    a plain Python loop of ``tf.io.decode_jpeg`` over the same bytes
+            (one thread, decode only), for scale.
+
+Reports medians over rounds, the spread, and CPU seconds per wall second.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/reader.py
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+
+
+def _rate(make_iterator, warmup, batches, batch_size):
+    """Images/s and CPU s per wall s of ``batches`` batches from a fresh iterator.
+
+    Each window gets its own iterator, deleted afterwards: a live tf.data
+    iterator keeps decoding in background threads to refill its (autotuned)
+    prefetch buffers, which stole the cores from whichever pipeline was timed
+    next and, after a pause, let it serve whole windows from memory.
+    """
+    iterator = make_iterator()
+    for _ in range(warmup):
+        next(iterator)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    del iterator
+    gc.collect()
+    return batches * batch_size / wall, cpu / wall
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--image-size", type=int, default=256, help="stored image side")
+    parser.add_argument("--crop", type=int, default=224, help="output image side")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=24, help="batches per timed window")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches per window")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.read import ReaderConfig, make_dataset, resolve_files
+    from dist_dl.read.augment import train_transform
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="dist_dl-bench-reader-")
+    url = os.path.join(workdir, "shards")
+    t0 = time.perf_counter()
+    make_synthetic_images(url, rows=args.rows, image_size=args.image_size, classes=10,
+                          rows_per_row_group=128, mode="overwrite")
+    write_s = time.perf_counter() - t0
+    config = ReaderConfig(image_size=args.crop)
+
+    jpegs = []
+    for f in resolve_files(url):
+        jpegs += pq.read_table(f[len("file://"):], columns=["image"])["image"].to_pylist()
+    mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1024
+
+    def reader():
+        return iter(make_dataset(url, 0, 1, args.batch_size, training=True, config=config))
+
+    def baseline():
+        return iter(tf.data.Dataset.from_tensor_slices(tf.constant(jpegs)).repeat()
+                    .shuffle(config.shuffle_buffer)
+                    .map(lambda b: train_transform(b, config),
+                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+                    .batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+
+    eager_batch = [tf.constant(b) for b in jpegs[:args.batch_size]]
+
+    class _Eager:
+        def __next__(self):
+            for b in eager_batch:
+                tf.io.decode_jpeg(b, channels=3)
+
+    rounds = []
+    for r in range(args.rounds):
+        order = [("reader", reader), ("baseline", baseline), ("eager", _Eager)]
+        if r % 2:
+            order = order[1::-1] + order[2:]  # alternate which pipeline goes first
+        row = {}
+        for name, it in order:
+            row[name], row[name + "_cpu"] = _rate(it, args.warmup, args.batches, args.batch_size)
+        row["ratio"] = row["reader"] / row["baseline"]
+        rounds.append(row)
+        print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
+
+    def med(key):
+        return statistics.median(r[key] for r in rounds)
+
+    summary = {
+        "rows": args.rows, "stored_px": args.image_size, "crop_px": args.crop,
+        "mean_jpeg_kb": round(mean_kb, 1), "batch_size": args.batch_size,
+        "images_per_window": args.batches * args.batch_size, "rounds": args.rounds,
+        "write_s": round(write_s, 1), "cores": os.cpu_count(),
+        "reader_img_s": round(med("reader"), 1), "baseline_img_s": round(med("baseline"), 1),
+        "eager_decode_img_s": round(med("eager"), 1),
+        "ratio_median": round(med("ratio"), 3),
+        "ratio_min": round(min(r["ratio"] for r in rounds), 3),
+        "ratio_max": round(max(r["ratio"] for r in rounds), 3),
+        "reader_cpu_per_s": round(med("reader_cpu"), 2),
+        "baseline_cpu_per_s": round(med("baseline_cpu"), 2),
+    }
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The image shard schema and the files written beside the shards.
+
+Shared by the writer (driver) and the reader (workers), so it imports nothing
+heavy. Every shard, whichever way it was written, has exactly these columns:
+
+============  ========  ========================================================
+column        type      meaning
+============  ========  ========================================================
+image         binary    encoded RGB JPEG bytes (never null)
+label         int32     label index, in ``[0, classes)``
+label_name    string    the label's name (an ImageNet wnid, a folder name, ...)
+source_id     string    where the row came from: the source path, the value of
+                        the caller's id column, or ``sha1:<hex>`` of the bytes
+height        int32     stored image height in pixels
+width         int32     stored image width in pixels
+============  ========  ========================================================
+
+Beside the data (in the Parquet folder or the Delta table's root, with names
+starting with ``_`` so that Spark, pyarrow, Petastorm and Delta all ignore
+them): ``_labels.json`` (the label index, name to integer) and
+``_summary.json`` (the last write's summary).
+"""
+from __future__ import annotations
+
+__all__ = ["COLUMNS", "LABELS_FILE", "SUMMARY_FILE", "arrow_schema"]
+
+# Column name -> Arrow type name; the order is the stored order.
+COLUMNS = {
+    "image": "binary",
+    "label": "int32",
+    "label_name": "string",
+    "source_id": "string",
+    "height": "int32",
+    "width": "int32",
+}
+LABELS_FILE = "_labels.json"
+SUMMARY_FILE = "_summary.json"
+
+
+def arrow_schema():
+    """The shard schema as a ``pyarrow.Schema``."""
+    import pyarrow as pa
+
+    types = {"binary": pa.binary(), "int32": pa.int32(), "string": pa.string()}
+    return pa.schema([pa.field(name, types[kind], nullable=(name != "image"))
+                      for name, kind in COLUMNS.items()])

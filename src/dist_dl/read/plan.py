@@ -1,0 +1,193 @@
+"""How rows split across ranks, from Parquet metadata alone (any process).
+
+Petastorm gives row group ``i`` (in its own enumeration order) to rank
+``i % size``. Every rank can compute every rank's row count from the Parquet
+footers without talking to the others, so all ranks agree on the number of
+steps per epoch; the driver computes the same figure before launching.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from dist_dl.read.resolve import resolve_files
+
+__all__ = ["ShardPlan", "plan_shards", "steps_per_epoch"]
+
+POLICIES = ("pad", "drop")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The split of a dataset over ``size`` ranks.
+
+    Attributes:
+        files: The Parquet file URLs read (a Delta table's files at its version).
+        size: Number of ranks.
+        batch_size: Rows per batch per rank.
+        row_groups: Row groups in the dataset.
+        rows: Rows in the dataset.
+        rows_per_rank: Rows each rank reads in one pass over its shard.
+        steps_per_epoch: Batches every rank yields per epoch.
+        policy: ``"pad"`` or ``"drop"`` (see :func:`plan_shards`).
+    """
+
+    files: tuple
+    size: int
+    batch_size: int
+    row_groups: int
+    rows: int
+    rows_per_rank: tuple
+    steps_per_epoch: int
+    policy: str
+
+
+def _row_groups(files):
+    """(path, row_group, rows) in the order Petastorm enumerates them."""
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import load_row_groups
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+
+    fs, paths = get_filesystem_and_path_or_paths(list(files))
+    with warnings.catch_warnings():
+        # pyarrow 10 flags the legacy ParquetDataset API that Petastorm 0.13 uses.
+        warnings.simplefilter("ignore", FutureWarning)
+        # The same call Petastorm's Reader makes, so the order is its order.
+        dataset = pq.ParquetDataset(paths, filesystem=fs, validate_schema=False,
+                                    metadata_nthreads=10)
+        pieces = load_row_groups(dataset)
+    footers = {}
+    out = []
+    for piece in pieces:
+        if piece.path not in footers:
+            with fs.open(piece.path) as f:
+                footers[piece.path] = pq.ParquetFile(f).metadata
+        out.append((piece.path, piece.row_group, footers[piece.path].row_group(
+            piece.row_group).num_rows))
+    return out, footers
+
+
+def _check_columns(footers, files) -> None:
+    import pyarrow as pa
+
+    if not footers:
+        return
+    path, meta = next(iter(footers.items()))
+    schema = meta.schema.to_arrow_schema()
+    for name, ok, expected in (("image", lambda t: pa.types.is_binary(t)
+                                or pa.types.is_large_binary(t), "binary (encoded JPEG bytes)"),
+                               ("label", pa.types.is_integer, "an integer type")):
+        if name not in schema.names:
+            raise ValueError(f"the shards have no {name!r} column (columns of {path}: "
+                             f"{schema.names}): write them with dist_dl.prepare."
+                             "prepare_image_dataset, or rename the column")
+        kind = schema.field(name).type
+        if not ok(kind):
+            raise ValueError(f"column {name!r} of the shards has type {kind}, expected "
+                             f"{expected}: rewrite the shards with prepare_image_dataset")
+
+
+def _check_labels(files, classes: int) -> None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+
+    fs, paths = get_filesystem_and_path_or_paths(list(files))
+    outside, low, high = 0, None, None
+    for path in paths:
+        with fs.open(path) as f:
+            labels = pq.read_table(f, columns=["label"])["label"]
+        if len(labels) == 0:
+            continue
+        bad = pc.or_(pc.less(labels, 0), pc.greater_equal(labels, classes))
+        outside += pc.sum(pc.cast(pc.fill_null(bad, True), "int64")).as_py() or 0
+        mm = pc.min_max(labels).as_py()
+        low = mm["min"] if low is None else min(low, mm["min"])
+        high = mm["max"] if high is None else max(high, mm["max"])
+    if outside:
+        raise ValueError(f"column 'label' has {outside} values outside [0, {classes}) or null "
+                         f"(min {low}, max {high}): the model has {classes} classes; check "
+                         "classes= or the label index the shards were written with")
+
+
+def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
+                classes: int | None = None, policy: str = "pad") -> ShardPlan:
+    """Check a dataset for ``size`` ranks and compute the steps per epoch.
+
+    Run it on the driver before starting workers (errors then come before any
+    worker starts); :func:`~dist_dl.read.make_dataset` runs it again on every
+    rank and gets the same answer.
+
+    The rule that keeps ranks in step: every rank yields exactly
+    ``steps_per_epoch`` batches of ``batch_size`` rows per epoch.
+
+    - ``policy="pad"`` (default): ``steps_per_epoch = ceil(max rank rows /
+      batch_size)``. Every rank reads all of its rows once; a rank that runs
+      out first starts over on its own shard to fill its last batches, and
+      those fill rows carry weight 0 (``make_dataset(with_weights=True)``).
+      All ranks together thus see every row exactly once per epoch with
+      weight 1.
+    - ``policy="drop"``: ``steps_per_epoch = floor(min rank rows /
+      batch_size)``. No row repeats; a rank stops after that many batches,
+      so the rows beyond are not seen in that epoch (a different subset each
+      epoch when row groups are shuffled).
+
+    Args:
+        url: Dataset folder, Delta table or URL (see
+            :func:`~dist_dl.read.resolve_files`), or a list of file URLs.
+        size: Number of ranks (workers).
+        batch_size: Rows per batch on each rank.
+        version: Delta table version (default: latest).
+        classes: If given, labels must lie in ``[0, classes)`` (reads the
+            label column, a few bytes per row).
+        policy: ``"pad"`` or ``"drop"``.
+
+    Raises:
+        ValueError: a missing or mistyped ``image``/``label`` column, an empty
+            dataset, fewer row groups than ranks, a rank with no rows, labels
+            outside ``[0, classes)``, or bad arguments.
+    """
+    for name, value in (("size", size), ("batch_size", batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    files = list(url) if isinstance(url, (list, tuple)) else resolve_files(url, version)
+    groups, footers = _row_groups(files)
+    _check_columns(footers, files)
+    rows = sum(n for _, _, n in groups)
+    if rows == 0:
+        raise ValueError(f"the dataset {url} has no rows: write some data first")
+    if len(groups) < size:
+        raise ValueError(
+            f"the dataset has {len(groups)} row groups but there are {size} workers: Petastorm "
+            f"gives whole row groups to workers, so each needs at least one. Rewrite it with "
+            f"ShardConfig(rows_per_row_group<={max(1, rows // size)}), or use at most "
+            f"{len(groups)} workers")
+    per_rank = [0] * size
+    for i, (_, _, n) in enumerate(groups):
+        per_rank[i % size] += n
+    empty = [r for r, n in enumerate(per_rank) if n == 0]
+    if empty:
+        raise ValueError(f"ranks {empty} would get only empty row groups ({len(groups)} row "
+                         f"groups, {rows} rows): rewrite the dataset without empty row groups")
+    if classes is not None:
+        _check_labels(files, classes)
+    if policy == "pad":
+        steps = math.ceil(max(per_rank) / batch_size)
+    else:
+        steps = min(per_rank) // batch_size
+        if steps == 0:
+            raise ValueError(f"policy='drop' with batch_size={batch_size} gives 0 steps: the "
+                             f"smallest shard has {min(per_rank)} rows; use a smaller batch "
+                             "size or policy='pad'")
+    return ShardPlan(files=tuple(files), size=size, batch_size=batch_size,
+                     row_groups=len(groups), rows=rows, rows_per_rank=tuple(per_rank),
+                     steps_per_epoch=steps, policy=policy)
+
+
+def steps_per_epoch(url, size: int, batch_size: int, *, version: int | None = None,
+                    policy: str = "pad") -> int:
+    """Batches every rank yields per epoch (see :func:`plan_shards`)."""
+    return plan_shards(url, size, batch_size, version=version, policy=policy).steps_per_epoch

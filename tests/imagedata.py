@@ -1,0 +1,63 @@
+"""Small real images for tests, from scikit-learn's bundled data (no downloads)."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+WNIDS = ("n01440764", "n01443537", "n01484850")  # three ImageNet-style class ids
+
+
+def digit_images(count: int, size: int = 32) -> list[tuple[Image.Image, int]]:
+    """``count`` RGB images (``load_digits`` scaled up and tinted) with their digit."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    out = []
+    for i in range(count):
+        gray = (digits.images[i] * (255 / 16)).astype(np.uint8)
+        img = Image.fromarray(gray).resize((size, size), Image.Resampling.BILINEAR)
+        rgb = np.stack([np.asarray(img), np.asarray(img) // 2, 255 - np.asarray(img)], -1)
+        out.append((Image.fromarray(rgb.astype(np.uint8)), int(digits.target[i])))
+    return out
+
+
+def encode(img: Image.Image, fmt: str = "JPEG") -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def write_imagenet_tree(root: str, per_class: int = 4, size: int = 32,
+                        variety: bool = True) -> dict[str, str]:
+    """Write ``<root>/<wnid>/<name>`` images; return {relative path: wnid}.
+
+    With ``variety``, class 1 holds a PNG, a grayscale JPEG and a CMYK JPEG
+    among its files (all must be converted, not rejected).
+    """
+    images = digit_images(per_class * len(WNIDS), size)
+    written = {}
+    for c, wnid in enumerate(WNIDS):
+        os.makedirs(os.path.join(root, wnid), exist_ok=True)
+        for j in range(per_class):
+            img, _ = images[c * per_class + j]
+            name, data = f"{wnid}_{j}.JPEG", None
+            if variety and c == 1 and j == 0:
+                name, data = f"{wnid}_{j}.png", encode(img, "PNG")
+            elif variety and c == 1 and j == 1:
+                data = encode(img.convert("L"))
+            elif variety and c == 1 and j == 2:
+                data = encode(img.convert("CMYK"))
+            with open(os.path.join(root, wnid, name), "wb") as f:
+                f.write(data if data is not None else encode(img))
+            written[os.path.join(wnid, name)] = wnid
+    return written
+
+
+def sample_photo() -> Image.Image:
+    """One of scikit-learn's two sample photographs (427 x 640 RGB)."""
+    from sklearn.datasets import load_sample_images
+
+    return Image.fromarray(load_sample_images().images[0])

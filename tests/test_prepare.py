@@ -1,0 +1,183 @@
+"""Shard writing on the driver: sources, schema, labels, bad images, formats."""
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from imagedata import WNIDS, digit_images, encode, sample_photo, write_imagenet_tree
+
+from dist_dl.prepare import ShardConfig, load_label_index, make_synthetic_images, \
+    prepare_image_dataset
+from dist_dl.prepare.images import encode_image
+from dist_dl.prepare.schema import COLUMNS
+
+
+def _rows(path):
+    return pq.ParquetDataset(path, use_legacy_dataset=False).read().to_pylist()
+
+
+# -- one image at a time (no Spark) ------------------------------------------
+
+def test_grayscale_cmyk_png_and_alpha_are_converted_to_rgb_jpeg():
+    from PIL import Image
+    import io
+
+    img, _ = digit_images(1)[0]
+    rgba = img.convert("RGBA")
+    for raw in (encode(img.convert("L")), encode(img.convert("CMYK")), encode(img, "PNG"),
+                encode(rgba, "PNG"), encode(img.convert("P"), "GIF")):
+        out = encode_image(raw)
+        assert out.error is None
+        with Image.open(io.BytesIO(out.data)) as back:
+            assert (back.format, back.mode, back.size) == ("JPEG", "RGB", (32, 32))
+    rgb_jpeg = encode(img)
+    assert encode_image(rgb_jpeg).data == rgb_jpeg  # kept byte for byte
+
+
+def test_bad_bytes_are_reported_with_a_reason():
+    good = encode(digit_images(1)[0][0])
+    assert encode_image(b"").error.startswith("empty:")
+    assert encode_image(None).error.startswith("null:")
+    assert encode_image(b"this is not an image").error.startswith("undecodable:")
+    assert encode_image(good[: len(good) // 2]).error.startswith("undecodable:")
+
+
+def test_resize_keeps_aspect_and_never_enlarges():
+    photo = encode(sample_photo())  # 427 x 640
+    out = encode_image(photo, resize_short_side=64, jpeg_quality=80)
+    assert (out.height, out.width) == (64, 96)
+    small = encode_image(encode(digit_images(1)[0][0]), resize_short_side=64)
+    assert (small.height, small.width) == (32, 32)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(jpeg_quality=0), "jpeg_quality"),
+    (dict(resize_short_side=2), "resize_short_side"),
+    (dict(rows_per_row_group=0), "rows_per_row_group"),
+])
+def test_shard_config_is_validated(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ShardConfig(**kwargs)
+
+
+def test_synthetic_shards_have_the_documented_schema(tmp_path):
+    summary = make_synthetic_images(str(tmp_path / "syn"), rows=7, image_size=24, classes=3,
+                                    rows_per_row_group=3)
+    assert summary["rows_written"] == 7
+    files = sorted(p for p in os.listdir(tmp_path / "syn") if p.endswith(".parquet"))
+    assert [pq.ParquetFile(tmp_path / "syn" / f).metadata.num_row_groups for f in files] == [1] * 3
+    rows = _rows(str(tmp_path / "syn"))
+    assert list(rows[0]) == list(COLUMNS)
+    assert rows[0]["image"][:2] == b"\xff\xd8" and rows[0]["height"] == 24
+    assert load_label_index(str(tmp_path / "syn")) == {"class0": 0, "class1": 1, "class2": 2}
+    with pytest.raises(FileExistsError, match="mode='overwrite'"):
+        make_synthetic_images(str(tmp_path / "syn"), rows=2, image_size=24, classes=3)
+
+
+# -- whole writes through Spark ----------------------------------------------
+
+@pytest.mark.timeout(600)
+def test_imagenet_tree_with_mixed_formats_writes_every_image(spark, tmp_path):
+    written = write_imagenet_tree(str(tmp_path / "train"))
+    out = tmp_path / "shards"
+    summary = prepare_image_dataset(str(out), image_dir=str(tmp_path / "train"),
+                                    config=ShardConfig(rows_per_row_group=5,
+                                                       resize_short_side=16), spark=spark)
+    assert (summary.rows_in, summary.rows_written, summary.rows_skipped) == (12, 12, 0)
+    assert json.loads((out / "_summary.json").read_text())["rows_written"] == 12
+    index = load_label_index(str(out))
+    assert index == {w: i for i, w in enumerate(WNIDS)}
+    rows = _rows(str(out))
+    assert sorted(r["source_id"] for r in rows) == sorted(written)
+    assert all(r["label"] == index[written[r["source_id"]]] for r in rows)
+    assert all(r["label_name"] == written[r["source_id"]] for r in rows)
+    assert all((r["height"], r["width"]) == (16, 16) for r in rows)
+    groups = [pq.ParquetFile(out / f).metadata.row_group(i).num_rows
+              for f in os.listdir(out) if f.endswith(".parquet")
+              for i in range(pq.ParquetFile(out / f).metadata.num_row_groups)]
+    assert sum(groups) == 12 and max(groups) <= 5
+
+
+@pytest.mark.timeout(600)
+def test_bad_images_fail_by_default_and_are_counted_with_skip(spark, tmp_path):
+    write_imagenet_tree(str(tmp_path / "train"), per_class=2, variety=False)
+    good = encode(digit_images(1)[0][0])
+    bad = {"truncated.JPEG": good[: len(good) // 2], "zero.JPEG": b"", "notes.JPEG": b"hello"}
+    for name, data in bad.items():
+        (tmp_path / "train" / WNIDS[0] / name).write_bytes(data)
+    with pytest.raises(ValueError, match=r"3 of 9 images.*notes\.JPEG.*on_bad_image='skip'"):
+        prepare_image_dataset(str(tmp_path / "out"), image_dir=str(tmp_path / "train"),
+                              spark=spark)
+    assert not (tmp_path / "out" / "_labels.json").exists()
+    summary = prepare_image_dataset(str(tmp_path / "out"), image_dir=str(tmp_path / "train"),
+                                    on_bad_image="skip", spark=spark)
+    assert (summary.rows_in, summary.rows_written, summary.rows_skipped) == (9, 6, 3)
+    assert summary.skipped_by_reason == {"empty": 1, "undecodable": 2}
+    assert {sid for sid, _ in summary.skipped_examples} == {f"{WNIDS[0]}/{n}" for n in bad}
+    assert len(_rows(str(tmp_path / "out"))) == 6
+
+
+@pytest.mark.timeout(600)
+def test_dataframe_sources_are_checked_before_any_task(spark, tmp_path):
+    from pyspark.sql import Row
+
+    images = digit_images(6)
+    df = spark.createDataFrame([Row(img=bytearray(encode(im)), digit=d, key=f"k{i}")
+                                for i, (im, d) in enumerate(images)])
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"column 'image' \(image_col\) is not in"):
+        prepare_image_dataset(out, dataframe=df, label_col="digit", classes=10, spark=spark)
+    with pytest.raises(ValueError, match=r"column 'digit' has type .*binary"):
+        prepare_image_dataset(out, dataframe=df, image_col="digit", label_col="digit",
+                              classes=10, spark=spark)
+    with pytest.raises(ValueError, match=r"column 'img' has type binary; expected string"):
+        prepare_image_dataset(out, dataframe=df, image_col="key", label_col="img", spark=spark)
+    with pytest.raises(ValueError, match=r"pass classes="):
+        prepare_image_dataset(out, dataframe=df, image_col="img", label_col="digit", spark=spark)
+    with pytest.raises(ValueError, match=r"'digit' has \d+ labels outside \[0, 3\)"):
+        prepare_image_dataset(out, dataframe=df, image_col="img", label_col="digit", classes=3,
+                              spark=spark)
+    with pytest.raises(ValueError, match="has no rows"):
+        prepare_image_dataset(out, dataframe=df.limit(0), image_col="img", label_col="digit",
+                              classes=10, spark=spark)
+    summary = prepare_image_dataset(out, dataframe=df, image_col="img", label_col="digit",
+                                    source_id_col="key", classes=10, spark=spark)
+    assert summary.rows_written == 6 and summary.classes == 10
+    rows = {r["source_id"]: r for r in _rows(out)}
+    assert {k: r["label"] for k, r in rows.items()} == {f"k{i}": d
+                                                        for i, (_, d) in enumerate(images)}
+
+
+@pytest.mark.timeout(600)
+def test_binary_file_paths_and_a_flat_validation_set_with_a_label_list(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    write_imagenet_tree(str(tmp_path / "train"), per_class=2, variety=False)
+    prepare_image_dataset(str(tmp_path / "train_shards"), image_dir=str(tmp_path / "train"),
+                          spark=spark)
+    # Validation images in one folder plus ImageNet's LOC_val_solution.csv layout.
+    val = tmp_path / "val"
+    val.mkdir()
+    lines = ["ImageId,PredictionString"]
+    for i, (img, _) in enumerate(digit_images(3)):
+        (val / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(encode(img))
+        lines.append(f"ILSVRC2012_val_{i:08d},{WNIDS[i]} 1 2 3 4")
+    (tmp_path / "LOC_val_solution.csv").write_text("\n".join(lines) + "\n")
+    summary = prepare_image_dataset(str(tmp_path / "val_shards"), image_dir=str(val),
+                                    labels_file=str(tmp_path / "LOC_val_solution.csv"),
+                                    label_index=str(tmp_path / "train_shards"), spark=spark)
+    assert summary.rows_written == 3
+    assert sorted((r["source_id"], r["label"]) for r in _rows(str(tmp_path / "val_shards"))) == \
+        [(f"ILSVRC2012_val_{i:08d}.JPEG", i) for i in range(3)]
+    # Spark's binaryFile source: its `path` column (file:/... URIs) as the image column.
+    files = spark.read.format("binaryFile").option("recursiveFileLookup", "true") \
+        .load(str(tmp_path / "train"))
+    df = files.select("path", F.element_at(F.split("path", "/"), -2).alias("wnid"))
+    summary = prepare_image_dataset(str(tmp_path / "from_paths"), dataframe=df,
+                                    image_col="path", label_col="wnid",
+                                    label_index=str(tmp_path / "train_shards"), spark=spark)
+    assert summary.rows_written == 6
+    assert all(r["source_id"].startswith("file:") for r in _rows(str(tmp_path / "from_paths")))
