@@ -106,3 +106,20 @@ def cluster_spark(standalone_cluster):
             raise TimeoutError("the standalone cluster's two executors did not register")
         time.sleep(0.5)
     return spark
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_state_restored():
+    """Each test starts and ends with MLflow's process-wide state as it was:
+    tracking URI, no active run, no active experiment (a leaked experiment id
+    points into another test's store)."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+
+    uri = mlflow.get_tracking_uri()
+    yield
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(uri)
+    fluent._active_experiment_id = None
+    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)

@@ -16,6 +16,7 @@ def run_demo(config: DemoConfig, spark=None) -> dict:
 
     from dist_dl import HorovodRunner
     from dist_dl.session import get_spark
+    from dist_dl.tracking.target import mlflow_target
     from dist_dl.train.smoke import train_small_cnn
 
     out = os.path.abspath(config.output)
@@ -25,9 +26,8 @@ def run_demo(config: DemoConfig, spark=None) -> dict:
     params = dict(epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
                   batch_size=config.batch_size, image_size=config.image_size,
                   classes=config.classes, learning_rate=config.learning_rate, seed=0)
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment("dist_dl-demo")
-    with mlflow.start_run(run_name="small-cnn-synthetic") as run:
+    with mlflow_target(tracking_uri, "dist_dl-demo") as experiment_id, \
+            mlflow.start_run(run_name="small-cnn-synthetic", experiment_id=experiment_id) as run:
         mlflow.log_params({**params, "np": config.np, "model": "small_cnn", "data": "synthetic"})
         result = HorovodRunner(np=config.np, spark=spark).run(train_small_cnn, **params)
         for name, values in result["history"].items():

@@ -1,0 +1,142 @@
+"""``score_dataframe``: add a classifier's predictions to a Spark DataFrame.
+
+Driver side: checks the columns, fetches the model once from MLflow, and
+ships it to the executors as a file (so executors never talk to the tracking
+server and need no credentials); the scoring itself runs in the executors
+(:mod:`dist_dl.score._executor`).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import uuid
+import zipfile
+
+__all__ = ["score_dataframe"]
+
+
+def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str = "prediction",
+                    probability_col: str = "probability", probabilities_col: str | None = None,
+                    batch_size: int = 64):
+    """Score a DataFrame of encoded images with a classifier logged by
+    :func:`dist_dl.tracking.log_keras_classifier`.
+
+    Lazy, like any transformation: nothing runs until the result is used. The
+    model is downloaded once, here, and each executor Python worker loads it
+    once and scores its rows ``batch_size`` at a time.
+
+    Args:
+        df: A Spark DataFrame with a binary column of encoded images.
+        model_uri: Any MLflow model URI (``runs:/...``, ``models:/name/version``,
+            a path).
+        image_col: The column of encoded images (JPEG, PNG, ...).
+        prediction_col: New column for the predicted class index (long).
+        probability_col: New column for that class's probability (double).
+        probabilities_col: If given, new column for every class's probability
+            (array<double>).
+        batch_size: Rows per call to the model (bounds executor memory).
+
+    Returns:
+        ``df`` with the new columns added; every row kept, in the same partitions.
+
+    Raises:
+        ValueError: A column is missing, of the wrong type, or already exists;
+            or the model is not a classifier of this library.
+    """
+    from pyspark.sql import types as T
+
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if image_col not in df.columns:
+        raise ValueError(f"image_col {image_col!r} is not a column of the DataFrame; "
+                         f"its columns are {df.columns}")
+    field = df.schema[image_col]
+    if not isinstance(field.dataType, T.BinaryType):
+        raise ValueError(f"image_col {image_col!r} must be binary (encoded image bytes), "
+                         f"but it is {field.dataType.simpleString()}")
+    output_cols = {"prediction": prediction_col, "probability": probability_col}
+    if probabilities_col is not None:
+        output_cols["probabilities"] = probabilities_col
+    names = list(output_cols.values())
+    if len(set(names)) != len(names):
+        raise ValueError(f"the output column names must differ, got {names}")
+    for name in names:
+        if name in df.columns:
+            raise ValueError(f"column {name!r} already exists in the DataFrame; "
+                             "pass another name (prediction_col=..., probability_col=...)")
+
+    local_dir = _download(model_uri)
+    model_image_col = _model_image_col(local_dir, model_uri)
+    archive = _archive(local_dir)
+    spark = df.sparkSession
+    spark.sparkContext.addFile(archive)
+
+    schema = T.StructType(list(df.schema.fields))
+    schema = schema.add(prediction_col, T.LongType(), nullable=False)
+    schema = schema.add(probability_col, T.DoubleType(), nullable=False)
+    if probabilities_col is not None:
+        schema = schema.add(probabilities_col, T.ArrayType(T.DoubleType(), containsNull=False),
+                            nullable=False)
+
+    from functools import partial
+
+    from dist_dl.score._executor import score_partition
+
+    fn = partial(score_partition, archive_name=os.path.basename(archive), image_col=image_col,
+                 model_image_col=model_image_col, output_cols=output_cols, batch_size=batch_size)
+    return df.mapInPandas(fn, schema)
+
+
+_scratch: str | None = None
+
+
+def _scratch_dir() -> str:
+    # The archive must outlive this call (the DataFrame is lazy and executors
+    # fetch the file when they first need it), so it lives until the driver exits.
+    global _scratch
+    if _scratch is None:
+        _scratch = tempfile.mkdtemp(prefix="dist_dl-score-")
+        atexit.register(shutil.rmtree, _scratch, True)
+    return _scratch
+
+
+def _download(model_uri: str) -> str:
+    import mlflow.artifacts
+
+    target = os.path.join(_scratch_dir(), uuid.uuid4().hex)
+    os.makedirs(target)
+    try:
+        return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=target)
+    except Exception as exc:
+        raise ValueError(f"cannot fetch the model {model_uri!r} from MLflow "
+                         f"(tracking URI {mlflow.get_tracking_uri()!r}): {exc}") from exc
+
+
+def _model_image_col(local_dir: str, model_uri: str) -> str:
+    """The input column the logged model reads (from its MLmodel file)."""
+    from mlflow.models import Model
+
+    try:
+        meta = Model.load(local_dir)
+    except Exception as exc:
+        raise ValueError(f"{model_uri!r} is not an MLflow model: {exc}") from exc
+    if "python_function" not in meta.flavors:
+        raise ValueError(f"{model_uri!r} has no python_function flavor; log it with "
+                         "dist_dl.tracking.log_keras_classifier")
+    column = (meta.metadata or {}).get("image_col")
+    if column is None:
+        raise ValueError(f"{model_uri!r} was not logged by dist_dl.tracking.log_keras_classifier "
+                         "(its metadata names no image_col)")
+    return column
+
+
+def _archive(local_dir: str) -> str:
+    path = os.path.join(_scratch_dir(), f"dist_dl-model-{uuid.uuid4().hex}.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for root, _, files in os.walk(local_dir):
+            for name in files:
+                full = os.path.join(root, name)
+                archive.write(full, os.path.relpath(full, local_dir))
+    return path

@@ -1,0 +1,138 @@
+"""Turning encoded image bytes into the array a Keras image classifier takes.
+
+Runs wherever a model is served: in Spark tasks that score, and inside the
+logged MLflow model. It uses TensorFlow's own decoder and resize, with the
+crop window of the training reader's evaluation transform
+(``dist_dl.read.augment.eval_transform``), so that an image served is the
+image the model was validated on (Pillow's resize filters differently).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["ImagePreprocessing", "decode_images"]
+
+
+@dataclass(frozen=True)
+class ImagePreprocessing:
+    """How encoded images become model input: decode, convert, resize, normalise.
+
+    Each pixel becomes ``(value * rescale - mean[c]) / std[c]`` for channel
+    ``c``, after the image is converted to ``channels`` channels (RGB or
+    grayscale), optionally cropped to its central square, and resized to
+    ``image_size`` with bilinear interpolation (``tf.image.resize``).
+
+    Attributes:
+        image_size: ``(height, width)`` the model takes; an int means square.
+        channels: 3 (RGB) or 1 (grayscale).
+        mean: Per-channel mean subtracted after rescaling (one value per
+            channel, or one for all). Default 0.
+        std: Per-channel divisor after subtracting the mean. Default 1.
+        rescale: Factor applied to the 0-255 pixel values first. Default 1/255.
+        crop_fraction: If set, keep only the central square whose side is
+            this fraction of the image's short side before resizing, as the
+            reader's evaluation transform does (``ReaderConfig.eval_crop_fraction``,
+            0.875 for ImageNet). Default None: resize the whole image.
+    """
+
+    image_size: tuple[int, int] | int
+    channels: int = 3
+    mean: tuple[float, ...] | float = 0.0
+    std: tuple[float, ...] | float = 1.0
+    rescale: float = 1.0 / 255.0
+    crop_fraction: float | None = None
+
+    def __post_init__(self):
+        size = self.image_size
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        if (not isinstance(size, (tuple, list)) or len(size) != 2
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)):
+            raise ValueError(f"image_size must be a positive int or (height, width), got {self.image_size!r}")
+        object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {self.channels!r}")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            values = (value,) * self.channels if isinstance(value, (int, float)) else tuple(value)
+            if len(values) != self.channels or not all(isinstance(v, (int, float)) for v in values):
+                raise ValueError(f"{name} must be a number or {self.channels} numbers "
+                                 f"(one per channel), got {value!r}")
+            object.__setattr__(self, name, tuple(float(v) for v in values))
+        if any(s == 0 for s in self.std):
+            raise ValueError(f"std must not contain 0, got {self.std!r}")
+        if not isinstance(self.rescale, (int, float)) or self.rescale <= 0:
+            raise ValueError(f"rescale must be a positive number, got {self.rescale!r}")
+        if self.crop_fraction is not None and (
+                not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1):
+            raise ValueError(f"crop_fraction must be None or in (0, 1], got {self.crop_fraction!r}")
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """The model's input shape, ``(height, width, channels)``."""
+        return (*self.image_size, self.channels)
+
+    def to_dict(self) -> dict:
+        """Plain values (for MLflow params and JSON)."""
+        return {"image_size": list(self.image_size), "channels": self.channels,
+                "mean": list(self.mean), "std": list(self.std), "rescale": self.rescale,
+                "crop_fraction": self.crop_fraction}
+
+
+def decode_images(images: Iterable[bytes], spec: ImagePreprocessing):
+    """Decode encoded images (JPEG, PNG, GIF, BMP) into one float32 array of
+    shape ``(n, height, width, channels)``.
+
+    Raises:
+        ValueError: Naming the position of the first image that is missing or
+            cannot be decoded.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    height, width = spec.image_size
+    mean = np.asarray(spec.mean, dtype="float32")
+    std = np.asarray(spec.std, dtype="float32")
+    arrays = []
+    for position, data in enumerate(images):
+        if data is None or len(data) == 0:
+            raise ValueError(f"image {position} is {'null' if data is None else 'empty'}")
+        data = bytes(data)
+        try:
+            if spec.crop_fraction is not None and data[:3] == _JPEG_MAGIC:
+                # decode_and_crop_jpeg, as the reader does: decoding only the
+                # window gives slightly different pixels at its edges than
+                # decoding the whole image and cropping it.
+                shape = tf.io.extract_jpeg_shape(data)
+                window = _central_window(int(shape[0]), int(shape[1]), spec.crop_fraction)
+                image = tf.io.decode_and_crop_jpeg(data, window, channels=spec.channels)
+            else:
+                image = tf.io.decode_image(data, channels=spec.channels, expand_animations=False)
+                if spec.crop_fraction is not None:
+                    top, left, side, _ = _central_window(int(image.shape[0]), int(image.shape[1]),
+                                                         spec.crop_fraction)
+                    image = image[top:top + side, left:left + side, :]
+        except (tf.errors.OpError, ValueError) as exc:
+            message = getattr(exc, "message", str(exc))
+            raise ValueError(f"image {position} cannot be decoded: {type(exc).__name__}: "
+                             f"{message}") from None
+        image = tf.image.resize(image, [height, width], method="bilinear")
+        arrays.append(image.numpy())
+    if not arrays:
+        return np.zeros((0, height, width, spec.channels), dtype="float32")
+    batch = np.stack(arrays)
+    return ((batch * np.float32(spec.rescale) - mean) / std).astype("float32")
+
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def _central_window(height: int, width: int, fraction: float) -> list[int]:
+    """``[top, left, side, side]``: the window dist_dl.read.augment.eval_transform
+    decodes, computed the same way (float32 product, truncated), so that both
+    see the same pixels."""
+    import numpy as np
+
+    side = max(int(np.float32(min(height, width)) * np.float32(fraction)), 1)
+    return [(height - side + 1) // 2, (width - side + 1) // 2, side, side]

@@ -1,0 +1,124 @@
+"""A Keras image classifier as a self-contained MLflow pyfunc model.
+
+Built on the driver (or rank 0) by :func:`dist_dl.tracking.log_keras_classifier`;
+loaded anywhere with ``mlflow.pyfunc.load_model`` (a notebook, a Spark task, a
+serving endpoint). The logged model carries its preprocessing, so a caller
+passes encoded image bytes, never arrays.
+
+Input: a pandas DataFrame with a binary column (``image_col``, default
+``"image"``) of encoded images (JPEG, PNG, anything Pillow reads).
+
+Output: a pandas DataFrame, one row per input row, same index:
+
+- ``prediction`` (int64): the index of the most probable class;
+- ``probability`` (float64): its probability (softmax of the model's output);
+- ``probabilities`` (list of float64): the probability of every class.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlflow.pyfunc
+import pandas as pd
+
+from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
+
+__all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
+
+OUTPUT_COLUMNS = ("prediction", "probability", "probabilities")
+KERAS_ARTIFACT = "keras_model"
+
+
+class KerasImageClassifier(mlflow.pyfunc.PythonModel):
+    """Decodes, resizes and normalises images, runs the Keras model, returns
+    the class index and its probability (see the module docstring for the
+    schema).
+
+    The Keras model itself is an MLflow artifact named ``"keras_model"`` (a
+    ``.keras`` file), loaded in :meth:`load_context`; this object pickles only
+    the settings.
+
+    Args:
+        preprocessing: How images become model input.
+        from_logits: Whether the model outputs logits (softmax is applied
+            here) rather than probabilities.
+        image_col: Name of the input column of encoded images.
+        class_names: Optional names of the classes, by index (kept with the
+            model for the caller; predictions stay indices).
+        batch_size: Images per forward pass (bounds memory on large inputs).
+    """
+
+    def __init__(self, preprocessing: ImagePreprocessing, *, from_logits: bool,
+                 image_col: str = "image", class_names: Sequence[str] | None = None,
+                 batch_size: int = 64):
+        if not isinstance(preprocessing, ImagePreprocessing):
+            raise ValueError("preprocessing must be an ImagePreprocessing, "
+                             f"got {type(preprocessing).__name__}")
+        if not isinstance(from_logits, bool):
+            raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not image_col or not isinstance(image_col, str):
+            raise ValueError(f"image_col must be a column name, got {image_col!r}")
+        self.preprocessing = preprocessing
+        self.from_logits = from_logits
+        self.image_col = image_col
+        self.class_names = None if class_names is None else [str(c) for c in class_names]
+        self.batch_size = batch_size
+        self._model = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_model"] = None  # the Keras model travels as an artifact, not in the pickle
+        return state
+
+    def load_context(self, context) -> None:
+        import tensorflow as tf
+
+        self._model = tf.keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+
+    def set_keras_model(self, model) -> None:
+        """Use ``model`` directly (in-process use without MLflow loading)."""
+        self._model = model
+
+    # The pd.DataFrame hint tells MLflow to validate against the logged
+    # signature (a binary column) rather than infer a schema from the hint.
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        """Score a DataFrame of encoded images; see the module docstring."""
+        import numpy as np
+
+        if self._model is None:
+            raise RuntimeError("no Keras model loaded: load this model with mlflow.pyfunc.load_model")
+        if not isinstance(model_input, pd.DataFrame):
+            raise ValueError(f"model_input must be a pandas DataFrame with a column "
+                             f"{self.image_col!r}, got {type(model_input).__name__}")
+        if self.image_col not in model_input.columns:
+            raise ValueError(f"model_input has no column {self.image_col!r} of encoded images; "
+                             f"its columns are {list(model_input.columns)}")
+        images = model_input[self.image_col].tolist()
+        probabilities = []
+        for start in range(0, len(images), self.batch_size):
+            try:
+                batch = decode_images(images[start:start + self.batch_size], self.preprocessing)
+            except ValueError as exc:
+                # Name the row of the caller's frame, not the position in the batch.
+                raise ValueError(f"in column {self.image_col!r}, batch starting at row "
+                                 f"{model_input.index[start]!r}: {exc}") from None
+            probabilities.append(self._probabilities(batch))
+        num_classes = int(self._model.output_shape[-1])
+        probs = (np.concatenate(probabilities) if probabilities
+                 else np.zeros((0, num_classes), dtype="float64"))
+        predictions = probs.argmax(axis=1).astype("int64")
+        return pd.DataFrame({
+            "prediction": predictions,
+            "probability": probs[np.arange(len(probs)), predictions].astype("float64"),
+            "probabilities": list(probs.astype("float64")),
+        }, index=model_input.index)
+
+    def _probabilities(self, batch):
+        import tensorflow as tf
+
+        outputs = self._model(batch, training=False)
+        if self.from_logits:
+            outputs = tf.nn.softmax(outputs, axis=-1)
+        return outputs.numpy().astype("float64")

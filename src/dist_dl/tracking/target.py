@@ -1,0 +1,58 @@
+"""Where a library call logs: a tracking URI and an experiment, for one block.
+
+Driver side. ``mlflow.set_experiment`` changes process-wide state (the active
+experiment id, and the ``MLFLOW_EXPERIMENT_ID`` environment variable that
+every child process inherits). A library call that used it and then put
+only the tracking URI back left the caller pointing at an experiment id of
+another store: the next ``mlflow.start_run`` failed with "Could not find
+experiment with ID ...". So library code never sets the experiment
+globally; it asks :func:`mlflow_target` for the experiment id and passes it
+to ``mlflow.start_run(experiment_id=...)``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["mlflow_target", "experiment_id"]
+
+
+def experiment_id(name: str | None, client=None) -> str:
+    """The id of experiment ``name`` (created if missing) in the current store.
+
+    ``None`` means the caller's active experiment if one is set, else
+    ``"Default"``. MLflow's file store creates its "Default" experiment only
+    when its root folder does not exist yet (``FileStore.__init__``), so an
+    existing empty folder, such as a fresh temporary directory, may have none:
+    it is created here.
+    """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = client or MlflowClient()
+    if name is None:
+        active = mlflow.active_run()
+        if active is not None:
+            return active.info.experiment_id
+        name = "Default"
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found is not None else client.create_experiment(name)
+
+
+@contextlib.contextmanager
+def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None):
+    """Use ``tracking_uri`` (default: the current one) for the block and yield
+    the id of ``experiment`` in it (see :func:`experiment_id`).
+
+    The caller's tracking URI is put back afterwards; the active experiment
+    and ``MLFLOW_EXPERIMENT_ID`` are never changed.
+    """
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield experiment_id(experiment)
+    finally:
+        if tracking_uri:
+            mlflow.set_tracking_uri(previous)

@@ -1,0 +1,516 @@
+"""Atomic, verified per-epoch checkpoints of a Keras model and its optimizer.
+
+Runs inside each worker. One process writes (Horovod rank 0); any process can
+read. The format, in ``directory``::
+
+    ckpt-000003-<ns>/            one published checkpoint (3 epochs completed)
+        state.index              tf.train.Checkpoint(model=..., optimizer=...)
+        state.data-00000-of-00001
+        MANIFEST.json            written last: epoch, metadata, and every
+                                 file above with its size and SHA-256
+    .tmp-ckpt-000004-<uuid>/     a write in progress (or one a crash left)
+
+Why ``tf.train.Checkpoint`` rather than ``model.save_weights`` plus a copy of
+the optimizer's variables: it saves both in one consistent write, matches the
+model's variables by their place in the object graph (model -> layer ->
+kernel), not by their names (which Keras numbers per process), and checks that
+every variable was restored. A model rebuilt by the same builder in a new
+process, a Horovod ``DistributedOptimizer`` wrapping the same optimizer, and a
+learning-rate schedule driven by ``optimizer.iterations`` all restore exactly.
+(Keras 2.15's optimizer tracks its slots as one list in the order of
+``model.trainable_variables``, so the same builder must build the model; a
+different optimizer or architecture is reported as a mismatch.)
+
+How a checkpoint is published, so that a crash never leaves a partial one as
+the latest: everything is written into a hidden temporary directory, each file
+is fsynced, the manifest is written and fsynced last, and only then is the
+directory renamed to its final name (one atomic ``rename`` on a POSIX file
+system) and the parent directory fsynced. A reader also never trusts the name
+alone: a checkpoint counts only if its manifest parses and every file's size
+and SHA-256 match, so a file truncated or damaged after publishing (or a
+non-atomic rename on a FUSE mount such as ``/dbfs``) is skipped, with a
+warning that names it, in favour of the previous complete one.
+
+Resuming under Horovod (decided here, see :func:`resume`): rank 0 alone picks
+and verifies the latest checkpoint and restores it, then broadcasts the epoch
+and every model and optimizer variable to the other ranks *before* training
+starts. So the checkpoint directory need only be readable by rank 0, all ranks
+agree on the same checkpoint even if one is published meanwhile, and the first
+step after resuming is already exact (Horovod's
+``BroadcastGlobalVariablesCallback`` broadcasts only after the first batch,
+which would average in gradients computed from the other ranks' stale weights).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
+           "resume"]
+
+_log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+FORMAT_VERSION = 1
+_STATE_PREFIX = "state"
+_NAME = re.compile(r"^ckpt-(\d{6,})-(\d+)$")
+_TMP_PREFIX = ".tmp-ckpt-"
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A published checkpoint failed verification and was skipped."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One published, verified checkpoint.
+
+    Attributes:
+        path: Its directory.
+        epoch: Number of epochs completed when it was written; pass it as
+            ``initial_epoch`` to ``model.fit`` to continue after it.
+        metadata: What the writer stored with it (JSON values).
+        has_optimizer: Whether the optimizer's state is in it.
+    """
+
+    path: Path
+    epoch: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    has_optimizer: bool = True
+
+    def __post_init__(self):
+        if self.epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {self.epoch}")
+
+
+class CheckpointManager:
+    """Writes, finds, verifies, restores and prunes checkpoints in one directory.
+
+    Only one process may write to a directory at a time (in a Horovod job,
+    rank 0); any number may read.
+
+    Args:
+        directory: Where checkpoints live; created if missing. A local or
+            FUSE-mounted path (on Databricks ``/dbfs/...`` or ``/Volumes/...``),
+            not a URI.
+        keep: How many of the newest checkpoints to keep after each save
+            (default 3). Older ones, and temporary directories left by a crashed
+            write, are deleted by the next save.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1 (how many checkpoints to keep), got {keep!r}")
+        text = os.fspath(directory)
+        if "://" in text or text.startswith("dbfs:"):
+            raise ValueError(f"directory must be a file system path, got the URI {text!r}; "
+                             "on Databricks use the FUSE path (/dbfs/... or /Volumes/...)")
+        self.directory = Path(text)
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.directory)!r}, keep={self.keep})"
+
+    # ---------------------------------------------------------------- writing
+
+    def save(self, model, epoch: int, *, optimizer=None, include_optimizer: bool = True,
+             metadata: Mapping[str, Any] | None = None) -> CheckpointInfo:
+        """Write a checkpoint of ``model`` (and its optimizer) and publish it atomically.
+
+        Args:
+            model: A Keras model.
+            epoch: Number of epochs completed (the ``initial_epoch`` to resume at).
+            optimizer: The optimizer to save; default ``model.optimizer``.
+            include_optimizer: Save the optimizer's state too (default True).
+                Needed to resume training identically.
+            metadata: JSON-serialisable values stored in the manifest (for
+                example the epoch's metrics or the MLflow run id).
+
+        Returns:
+            The published checkpoint.
+        """
+        import tensorflow as tf
+
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0 (epochs completed), got {epoch!r}")
+        metadata = dict(metadata or {})
+        try:
+            json.dumps(metadata)
+        except TypeError as exc:
+            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
+
+        if optimizer is not None:
+            # Before the first step Keras has not created the slots yet; make
+            # them now so that every checkpoint holds the full optimizer state.
+            _build_optimizer(optimizer, model)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+        tmp = self.directory / f"{_TMP_PREFIX}{epoch:06d}-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            tf.train.Checkpoint(**_trackables(model, optimizer)).write(str(tmp / _STATE_PREFIX))
+            files = {}
+            for path in sorted(tmp.iterdir()):
+                _fsync_file(path)
+                files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            manifest = {"format": FORMAT_VERSION, "epoch": epoch, "has_optimizer": optimizer is not None,
+                        "created": time.time(), "metadata": metadata, "files": files}
+            with open(tmp / MANIFEST, "w") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            final = self.directory / f"ckpt-{epoch:06d}-{time.time_ns()}"
+            os.rename(tmp, final)
+            _fsync_dir(self.directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _log.info("checkpoint of epoch %d published at %s", epoch, final)
+        self._prune(keep_path=final)
+        return CheckpointInfo(final, epoch, metadata, optimizer is not None)
+
+    def _remove_stale_temporaries(self) -> None:
+        # Only one writer per directory, so any temporary here is from a write
+        # that crashed: it was never published, and nothing reads it.
+        for path in self.directory.glob(f"{_TMP_PREFIX}*"):
+            _log.warning("removing %s, left by an interrupted checkpoint write", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _prune(self, keep_path: Path) -> None:
+        published = self._published()
+        for path, _ in published[:-self.keep]:
+            if path != keep_path:
+                _log.info("removing old checkpoint %s (keep=%d)", path, self.keep)
+                shutil.rmtree(path, ignore_errors=True)
+
+    # ---------------------------------------------------------------- reading
+
+    def _published(self) -> list[tuple[Path, int]]:
+        """Published checkpoint directories, oldest first (by epoch, then by
+        publishing time: a re-trained epoch replaces an older one)."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for path in self.directory.iterdir():
+            match = _NAME.match(path.name)
+            if match and path.is_dir():
+                found.append((int(match.group(1)), int(match.group(2)), path))
+        found.sort()
+        return [(path, epoch) for epoch, _, path in found]
+
+    def verify(self, path: str | os.PathLike) -> CheckpointInfo:
+        """Check one checkpoint directory against its manifest.
+
+        Returns:
+            Its description.
+
+        Raises:
+            ValueError: Naming the checkpoint and what is wrong with it.
+        """
+        path = Path(path)
+        try:
+            with open(path / MANIFEST) as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"checkpoint {path} has no {MANIFEST}") from None
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"checkpoint {path} has an unreadable {MANIFEST}: {exc}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+            raise ValueError(f"checkpoint {path}: {MANIFEST} is not format {FORMAT_VERSION}")
+        files = manifest.get("files") or {}
+        if not any(name.startswith(_STATE_PREFIX + ".index") for name in files):
+            raise ValueError(f"checkpoint {path}: {MANIFEST} lists no state files")
+        for name, expected in sorted(files.items()):
+            file = path / name
+            if not file.is_file():
+                raise ValueError(f"checkpoint {path}: {name} is missing")
+            size = file.stat().st_size
+            if size != expected["size"]:
+                raise ValueError(f"checkpoint {path}: {name} has {size} bytes, "
+                                 f"the manifest says {expected['size']} (truncated?)")
+            if _sha256(file) != expected["sha256"]:
+                raise ValueError(f"checkpoint {path}: {name} does not match its SHA-256 in the manifest")
+        return CheckpointInfo(path, int(manifest["epoch"]), manifest.get("metadata") or {},
+                              bool(manifest.get("has_optimizer", True)))
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest checkpoint that verifies, or None if there is none.
+
+        Every newer checkpoint that fails verification is skipped with a
+        :class:`CorruptCheckpointWarning` (also logged) naming it and the reason.
+        Temporary directories of unfinished writes are never considered.
+        """
+        for path, _ in reversed(self._published()):
+            try:
+                return self.verify(path)
+            except ValueError as exc:
+                message = f"skipping corrupt checkpoint {path}: {exc}; falling back to an older one"
+                _log.warning(message)
+                warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
+        return None
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every published checkpoint that verifies, oldest first (skipping
+        corrupt ones with a warning, as :meth:`latest` does)."""
+        result = []
+        for path, _ in self._published():
+            try:
+                result.append(self.verify(path))
+            except ValueError as exc:
+                message = f"skipping corrupt checkpoint {path}: {exc}"
+                _log.warning(message)
+                warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
+        return result
+
+    def restore(self, model, *, optimizer=None, checkpoint: CheckpointInfo | None = None,
+                include_optimizer: bool = True) -> CheckpointInfo | None:
+        """Restore ``model`` (and its optimizer) from a checkpoint.
+
+        Args:
+            model: A Keras model built like the one that was saved (same
+                builder); compiled, if the optimizer is to be restored.
+            optimizer: Default ``model.optimizer``.
+            checkpoint: Which one; default :meth:`latest`.
+            include_optimizer: Restore the optimizer's state too (default True).
+                The optimizer's variables are created first (``build``), so
+                its slots and iteration count are restored now, not lazily.
+
+        Returns:
+            The checkpoint restored, or None (model untouched) if there is none.
+
+        Raises:
+            ValueError: The checkpoint does not match the model or optimizer.
+                Some variables may have been overwritten by then: build the
+                model again before using it.
+        """
+        import tensorflow as tf
+
+        info = checkpoint if checkpoint is not None else self.latest()
+        if info is None:
+            return None
+        optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
+        if optimizer is not None and not info.has_optimizer:
+            raise ValueError(f"checkpoint {info.path} holds no optimizer state; "
+                             "pass include_optimizer=False to restore the model only")
+        if optimizer is not None:
+            _build_optimizer(optimizer, model)
+        try:
+            status = tf.train.Checkpoint(**_trackables(model, optimizer)).read(
+                str(info.path / _STATE_PREFIX))
+            if optimizer is not None:
+                status.assert_consumed()
+            else:
+                status.expect_partial().assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            # A variable of another shape fails in read(); a missing or extra
+            # one in the assertion.
+            raise ValueError(f"checkpoint {info.path} does not match this model/optimizer "
+                             f"(built by a different builder or compiled with another optimizer?): "
+                             f"{exc}") from None
+        _log.info("restored checkpoint %s (epoch %d)", info.path, info.epoch)
+        return info
+
+
+def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool | None = None,
+           include_optimizer: bool = True) -> int:
+    """Restore the latest checkpoint (if any) before ``model.fit``; returns the
+    ``initial_epoch`` to pass to it (0 when starting fresh).
+
+    Call it on every rank, after ``hvd.init()`` and ``model.compile``.
+
+    Args:
+        manager: Where the checkpoints are.
+        model: The compiled model.
+        optimizer: Default ``model.optimizer``.
+        broadcast: Restore on Horovod rank 0 only and broadcast the epoch and
+            every model and optimizer variable from it (so only rank 0 needs to
+            see the directory). Default: when Horovod is initialised with more
+            than one rank.
+        include_optimizer: Restore the optimizer's state too.
+    """
+    hvd = _horovod_if_initialized()
+    if broadcast is None:
+        broadcast = hvd is not None and hvd.size() > 1
+    if not broadcast:
+        info = manager.restore(model, optimizer=optimizer, include_optimizer=include_optimizer)
+        return 0 if info is None else info.epoch
+    if hvd is None:
+        raise ValueError("broadcast=True needs Horovod initialised (call hvd.init() first)")
+    info = None
+    error = None
+    if hvd.rank() == 0:
+        try:
+            info = manager.restore(model, optimizer=optimizer, include_optimizer=include_optimizer)
+        except Exception as exc:  # tell the other ranks, instead of leaving them waiting
+            error = exc
+    epoch, message = hvd.broadcast_object(
+        (None if info is None else info.epoch, None if error is None else str(error)), root_rank=0)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RuntimeError(f"rank 0 could not restore the checkpoint: {message}")
+    if epoch is None:
+        return 0
+    variables = list(model.variables)
+    opt = _optimizer_of(model, optimizer) if include_optimizer else None
+    if opt is not None:
+        _build_optimizer(opt, model)
+        variables += list(opt.variables)
+    hvd.broadcast_variables(variables, root_rank=0)
+    return int(epoch)
+
+
+def __getattr__(name: str):
+    # The Keras callback class is created on first use, so that importing this
+    # module does not import TensorFlow: a worker must set its thread and
+    # device environment before TensorFlow loads (see dist_dl.launch.worker),
+    # and a worker function's module is imported before that, when unpickled.
+    if name == "CheckpointCallback":
+        cls = _define_checkpoint_callback()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _define_checkpoint_callback():
+    import tensorflow as tf
+
+    class CheckpointCallback(tf.keras.callbacks.Callback):
+        """Keras callback: save a checkpoint at the end of every epoch (``every``).
+
+        Only the writer saves (default: Horovod rank 0, or the only process).
+        Restoring is not a callback's job, since ``model.fit`` must already know
+        ``initial_epoch``: call :func:`resume` before ``fit``. List it after
+        Horovod's ``MetricAverageCallback`` so that the metrics it stores are the
+        averaged ones.
+
+        Args:
+            manager: Where to save.
+            every: Save every this many epochs (default 1); the last epoch of
+                ``fit`` is always saved.
+            writer: Whether this process writes; default rank 0.
+            metadata: Extra JSON values stored with every checkpoint (the epoch's
+                metrics are stored under ``"logs"``).
+            include_optimizer: Save the optimizer's state (default True).
+
+        Attributes:
+            last_saved: The checkpoint this callback published last, or None.
+        """
+
+        def __init__(self, manager: CheckpointManager, *, every: int = 1, writer: bool | None = None,
+                     metadata: Mapping[str, Any] | None = None, include_optimizer: bool = True):
+            super().__init__()
+            if not isinstance(manager, CheckpointManager):
+                raise ValueError(f"manager must be a CheckpointManager, got {type(manager).__name__}")
+            if not isinstance(every, int) or every < 1:
+                raise ValueError(f"every must be an int >= 1, got {every!r}")
+            if writer is None:
+                hvd = _horovod_if_initialized()
+                writer = hvd is None or hvd.rank() == 0
+            self.manager = manager
+            self.every = every
+            self.writer = writer
+            self.extra_metadata = dict(metadata or {})
+            self.include_optimizer = include_optimizer
+            self.last_saved: CheckpointInfo | None = None
+            self._epochs = None
+
+        def on_train_begin(self, logs=None):
+            self._epochs = self.params.get("epochs") if self.params else None
+
+        def on_epoch_end(self, epoch, logs=None):
+            completed = epoch + 1
+            if not self.writer:
+                return
+            if completed % self.every and completed != self._epochs:
+                return
+            metrics = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
+            self.last_saved = self.manager.save(
+                self.model, completed, include_optimizer=self.include_optimizer,
+                metadata={**self.extra_metadata, "logs": metrics})
+
+    CheckpointCallback.__module__ = __name__
+    CheckpointCallback.__qualname__ = "CheckpointCallback"
+    return CheckpointCallback
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _optimizer_of(model, optimizer):
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("the model has no optimizer: compile it first, pass optimizer=..., "
+                         "or include_optimizer=False to save/restore the model only")
+    return optimizer
+
+
+def _trackables(model, optimizer) -> dict:
+    return {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
+
+
+def _build_optimizer(optimizer, model) -> None:
+    """Create the optimizer's slot variables now (Keras creates them lazily at
+    the first step), so that reading a checkpoint fills them at once and
+    ``assert_consumed`` can check them."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf.keras.optimizers.legacy.*
+        optimizer._create_all_weights(model.trainable_variables)
+    else:
+        optimizer.build(model.trainable_variables)
+
+
+def _horovod_if_initialized():
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    try:
+        return hvd if hvd.is_initialized() else None
+    except Exception:  # horovod built without TensorFlow support
+        return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the directory entries (the files' names, the rename) durable. Not
+    # every file system allows it (some FUSE mounts); the manifest check
+    # still guards the reader there.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

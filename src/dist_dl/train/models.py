@@ -1,0 +1,72 @@
+"""Model registry: names to Keras model builders. Runs inside each worker.
+
+A builder takes ``(input_shape, classes)`` and returns an uncompiled Keras
+model with logits as output (no softmax), so the loss, mixed precision and
+the probability layer are applied in one place by the training loop and the
+logged model.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["build_model", "register_model", "MODEL_NAMES"]
+
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register_model(name: str):
+    """Decorator: make a builder available under ``name``."""
+    def decorate(builder):
+        _REGISTRY[name] = builder
+        return builder
+    return decorate
+
+
+@register_model("resnet50")
+def _resnet50(input_shape, classes):
+    import tensorflow as tf
+
+    # weights=None: no download (and ImageNet weights would not fit other classes).
+    return tf.keras.applications.ResNet50(weights=None, input_shape=input_shape, classes=classes,
+                                          classifier_activation=None)
+
+
+@register_model("small_cnn")
+def _small_cnn(input_shape, classes):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        tf.keras.layers.GlobalAveragePooling2D(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(classes),
+    ], name="small_cnn")
+
+
+MODEL_NAMES = tuple(_REGISTRY)
+
+
+def build_model(model: str | Callable, input_shape: tuple[int, int, int], classes: int):
+    """Build a model by registry name, or call a user-supplied builder.
+
+    Raises:
+        ValueError: unknown name (lists the known ones), or a builder whose
+            output does not have ``classes`` units.
+    """
+    if callable(model):
+        built = model(input_shape, classes)
+    elif model in _REGISTRY:
+        built = _REGISTRY[model](input_shape, classes)
+    else:
+        raise ValueError(f"unknown model {model!r}: use one of {', '.join(_REGISTRY)} or pass a "
+                         "function (input_shape, classes) -> Keras model")
+    units = built.output_shape[-1]
+    if units != classes:
+        raise ValueError(f"the model's output has {units} units but the data has {classes} classes; "
+                         "the builder must end in Dense(classes) without softmax")
+    return built

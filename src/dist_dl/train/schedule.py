@@ -1,0 +1,90 @@
+"""The learning-rate rule for data-parallel training: scale by the number of
+workers, reached by a gradual linear warmup (Goyal et al. 2017, "Accurate,
+Large Minibatch SGD: Training ImageNet in 1 Hour", section 2.2).
+
+With n workers the effective batch is n times larger, so the learning rate is
+n times larger too; jumping straight to it destabilises the first epochs, so
+it rises linearly, step by step, from the single-worker rate to the scaled one
+over the first ``warmup_epochs``, then stays there.
+
+Runs inside each worker. The schedule is driven by the optimizer's iteration
+count, which checkpoints save and restore, so a resumed run continues on the
+same curve. Importing this module does not import TensorFlow (a worker must
+configure its threads first, see dist_dl.launch.worker): the class is created
+on first access, and registered then as Keras-serialisable
+("dist_dl>WarmupScaledSchedule").
+"""
+from __future__ import annotations
+
+__all__ = ["WarmupScaledSchedule"]
+
+
+def __getattr__(name: str):
+    if name == "WarmupScaledSchedule":
+        cls = _define_schedule()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _define_schedule():
+    import tensorflow as tf
+
+    class WarmupScaledSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+        """``base_lr`` at step 0, rising linearly to ``base_lr * num_workers`` at
+        step ``warmup_epochs * steps_per_epoch``, constant afterwards.
+
+        Args:
+            base_lr: The learning rate for one worker.
+            num_workers: Number of data-parallel workers (``hvd.size()``).
+            steps_per_epoch: Optimizer steps per epoch on each worker.
+            warmup_epochs: Epochs of warmup (default 5, as in the paper; 0 starts
+                at the scaled rate). May be fractional.
+        """
+
+        def __init__(self, base_lr: float, num_workers: int, steps_per_epoch: int,
+                     warmup_epochs: float = 5):
+            super().__init__()
+            if not isinstance(base_lr, (int, float)) or isinstance(base_lr, bool) or base_lr <= 0:
+                raise ValueError(f"base_lr must be a positive number, got {base_lr!r}")
+            if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+                raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
+            if not isinstance(steps_per_epoch, int) or isinstance(steps_per_epoch, bool) or steps_per_epoch < 1:
+                raise ValueError(f"steps_per_epoch must be an int >= 1, got {steps_per_epoch!r}")
+            if not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool) or warmup_epochs < 0:
+                raise ValueError(f"warmup_epochs must be a number >= 0, got {warmup_epochs!r}")
+            self.base_lr = float(base_lr)
+            self.num_workers = num_workers
+            self.steps_per_epoch = steps_per_epoch
+            self.warmup_epochs = warmup_epochs
+
+        @property
+        def scaled_lr(self) -> float:
+            """The rate after warmup: ``base_lr * num_workers``."""
+            return self.base_lr * self.num_workers
+
+        @property
+        def warmup_steps(self) -> int:
+            """Steps until the scaled rate is reached."""
+            return int(round(self.warmup_epochs * self.steps_per_epoch))
+
+        def value_at(self, step: int) -> float:
+            """The rate at ``step``, in plain Python (for logging and tests)."""
+            if self.warmup_steps == 0 or step >= self.warmup_steps:
+                return self.scaled_lr
+            return self.base_lr + (self.scaled_lr - self.base_lr) * step / self.warmup_steps
+
+        def __call__(self, step):
+            step = tf.cast(step, tf.float32)
+            if self.warmup_steps == 0:
+                return tf.constant(self.scaled_lr, tf.float32)
+            fraction = tf.minimum(step / float(self.warmup_steps), 1.0)
+            return self.base_lr + (self.scaled_lr - self.base_lr) * fraction
+
+        def get_config(self) -> dict:
+            return {"base_lr": self.base_lr, "num_workers": self.num_workers,
+                    "steps_per_epoch": self.steps_per_epoch, "warmup_epochs": self.warmup_epochs}
+
+    WarmupScaledSchedule.__module__ = __name__
+    WarmupScaledSchedule.__qualname__ = "WarmupScaledSchedule"
+    return tf.keras.saving.register_keras_serializable(package="dist_dl")(WarmupScaledSchedule)

@@ -1,0 +1,300 @@
+"""Checkpoints: atomic publish, verification, fallback, and exact resume."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from dist_dl.train.checkpoint import (CheckpointCallback, CheckpointManager,
+                                      CorruptCheckpointWarning, resume)
+
+# Ship this module's worker functions to Horovod workers by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _data(seed: int = 0, rows: int = 64):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8, 8, 1)).astype("float32")
+    y = rng.integers(0, 3, rows).astype("int32")
+    return x, y
+
+
+def _model(seed: int, learning_rate: float = 0.01):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential([
+        tf.keras.Input((8, 8, 1)),
+        tf.keras.layers.Conv2D(4, 3, activation="relu"),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(3),
+    ])
+    # Adam: its slots and its iteration count (bias correction) must both be
+    # restored for a resumed run to match.
+    model.compile(tf.keras.optimizers.Adam(learning_rate),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _fit(model, epochs, initial_epoch=0, callbacks=(), data_seed=0):
+    x, y = _data(data_seed)
+    model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
+              verbose=0, callbacks=list(callbacks))
+
+
+def _assert_same(a_list, b_list, **tol):
+    assert len(a_list) == len(b_list)
+    for a, b in zip(a_list, b_list):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **tol)
+
+
+def test_round_trip_restores_weights_and_optimizer_slots(tmp_path):
+    model = _model(seed=1)
+    _fit(model, epochs=1)
+    manager = CheckpointManager(tmp_path / "ckpt", keep=2)
+    info = manager.save(model, epoch=1, metadata={"run_id": "abc"})
+    assert info.epoch == 1 and (info.path / "MANIFEST.json").is_file()
+
+    fresh = _model(seed=2)  # different initial weights, optimizer not built yet
+    restored = manager.restore(fresh)
+    assert restored.path == info.path and restored.epoch == 1
+    assert restored.metadata == {"run_id": "abc"}
+    _assert_same(model.get_weights(), fresh.get_weights(), rtol=0, atol=0)
+    assert int(fresh.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 4
+    _assert_same([v.numpy() for v in model.optimizer.variables],
+                 [v.numpy() for v in fresh.optimizer.variables], rtol=0, atol=0)
+
+    # Model only (for scoring or fine-tuning), into a model never compiled.
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(5)
+    bare = tf.keras.models.clone_model(model)
+    assert manager.restore(bare, include_optimizer=False).epoch == 1
+    _assert_same(model.get_weights(), bare.get_weights(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="compile it first"):
+        manager.restore(bare)
+
+
+def test_keep_prunes_old_checkpoints_and_no_checkpoint_means_fresh_start(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    model = _model(seed=1)
+    assert manager.latest() is None and manager.restore(model) is None
+    assert resume(manager, model) == 0
+    for epoch in (1, 2, 3):
+        manager.save(model, epoch)
+    assert [c.epoch for c in manager.checkpoints()] == [2, 3]
+    assert manager.latest().epoch == 3
+
+
+def _data_file(info):
+    (name,) = [p for p in os.listdir(info.path) if p.startswith("state.data")]
+    return info.path / name
+
+
+def test_truncated_checkpoint_is_skipped_with_warning(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=5)
+    model = _model(seed=1)
+    _fit(model, epochs=1)
+    first = manager.save(model, 1)
+    expected = model.get_weights()
+    _fit(model, epochs=1)
+    second = manager.save(model, 2)
+    data = _data_file(second)
+    with open(data, "r+b") as f:  # truncate on disk, as a crash or a full disk would
+        f.truncate(data.stat().st_size // 2)
+
+    with pytest.warns(CorruptCheckpointWarning, match=second.path.name) as caught:
+        latest = manager.latest()
+    assert latest.path == first.path
+    assert "truncated" in str(caught[0].message)
+
+    fresh = _model(seed=3)
+    with pytest.warns(CorruptCheckpointWarning):
+        assert resume(manager, fresh) == 1
+    _assert_same(expected, fresh.get_weights(), rtol=0, atol=0)
+
+
+def test_damaged_manifest_and_flipped_byte_are_skipped(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=5)
+    model = _model(seed=1)
+    first = manager.save(model, 1)
+    second = manager.save(model, 2)
+    third = manager.save(model, 3)
+    (second.path / "MANIFEST.json").write_text('{"format": 1, "epo')
+    data = _data_file(third)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size, different content
+    data.write_bytes(bytes(raw))
+    with pytest.warns(CorruptCheckpointWarning) as caught:
+        assert manager.latest().path == first.path
+    messages = " | ".join(str(w.message) for w in caught)
+    assert third.path.name in messages and "SHA-256" in messages
+    assert second.path.name in messages and "unreadable" in messages
+
+
+def test_interrupted_write_is_ignored_and_cleaned_up(tmp_path, monkeypatch):
+    import dist_dl.train.checkpoint as ckpt_module
+
+    manager = CheckpointManager(tmp_path, keep=5)
+    model = _model(seed=1)
+    first = manager.save(model, 1)
+
+    # What a SIGKILL'd writer leaves: a temporary directory, never renamed.
+    leftover = tmp_path / ".tmp-ckpt-000002-deadbeef"
+    leftover.mkdir()
+    (leftover / "state.index").write_bytes(b"partial")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)  # ignored, not "corrupt"
+        assert manager.latest().path == first.path
+
+    # A crash at the publishing rename: the save removes the stale temporary
+    # first, then its own on the way out; the latest is still the first.
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed during the rename")
+
+    monkeypatch.setattr(ckpt_module.os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(model, 2)
+    monkeypatch.undo()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+    assert manager.latest().path == first.path
+    assert manager.save(model, 2).epoch == manager.latest().epoch == 2
+
+
+def test_restore_into_a_different_model_names_the_problem(tmp_path):
+    import tensorflow as tf
+
+    manager = CheckpointManager(tmp_path)
+    manager.save(_model(seed=1), 1)
+    other = _model(seed=1)
+    other.compile(tf.keras.optimizers.SGD(0.1), "mse")  # other optimizer, other slots
+    with pytest.raises(ValueError, match="does not match"):
+        manager.restore(other)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"keep": 0}, "keep"),
+    ({"directory": "dbfs:/tmp/x"}, "FUSE"),
+])
+def test_bad_arguments_name_the_parameter(tmp_path, kwargs, message):
+    kwargs.setdefault("directory", tmp_path)
+    with pytest.raises(ValueError, match=message):
+        CheckpointManager(**kwargs)
+
+
+def test_resume_equivalence_single_process(tmp_path):
+    uninterrupted = _model(seed=1)
+    _fit(uninterrupted, epochs=2)
+
+    # Run 1: one epoch, checkpointed by the callback, then "stopped".
+    manager = CheckpointManager(tmp_path / "run")
+    first = _model(seed=1)
+    callback = CheckpointCallback(manager, metadata={"attempt": 1})
+    _fit(first, epochs=1, callbacks=[callback])
+    assert callback.last_saved.epoch == 1
+    assert "loss" in callback.last_saved.metadata["logs"]
+    del first
+
+    # Run 2: a new process would build a new model (other random init).
+    resumed = _model(seed=99)
+    initial_epoch = resume(manager, resumed)
+    assert initial_epoch == 1
+    _fit(resumed, epochs=2, initial_epoch=initial_epoch, callbacks=[CheckpointCallback(manager)])
+    _assert_same(uninterrupted.get_weights(), resumed.get_weights(), rtol=1e-6, atol=1e-7)
+    assert manager.latest().epoch == 2
+
+
+# ----------------------------------------------------------- with Horovod
+
+def _horovod_train(directory: str, epochs: int, seed: int, reference_epochs: int = 0):
+    """Each rank trains on its own data, from its own initial weights;
+    checkpoints by rank 0. Returns, gathered from every rank: the epoch it
+    resumed at, its final weights, and (if ``reference_epochs``) the final
+    weights of an uninterrupted, uncheckpointed run of that many epochs."""
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+
+    def train(epochs, manager=None):
+        model = _model(seed=seed + hvd.rank())  # different initial weights per rank on purpose
+        model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)),
+                      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        initial_epoch = 0 if manager is None else resume(manager, model)
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     hvd.callbacks.MetricAverageCallback()]
+        if manager is not None:
+            callbacks.append(CheckpointCallback(manager))
+        _fit(model, epochs=epochs, initial_epoch=initial_epoch, data_seed=hvd.rank(),
+             callbacks=callbacks)
+        return initial_epoch, [w.tolist() for w in model.get_weights()]
+
+    reference = train(reference_epochs)[1] if reference_epochs else None
+    initial_epoch, weights = train(epochs, CheckpointManager(directory))
+    return hvd_tf.allgather_object((initial_epoch, weights, reference))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_resume_equivalence_with_horovod(tmp_path):
+    from dist_dl import HorovodRunner
+
+    runner = HorovodRunner(np=-2)
+    directory = str(tmp_path / "ckpt")
+    # Job 1: the uninterrupted 2-epoch reference, then 1 epoch checkpointed ("stopped").
+    first = runner.run(_horovod_train, directory=directory, epochs=1, seed=1, reference_epochs=2)
+    # Job 2: new processes, new random weights, resumed from the checkpoint for epoch 2.
+    resumed = runner.run(_horovod_train, directory=directory, epochs=2, seed=50)
+    assert [e for e, _, _ in first] == [0, 0]
+    assert [e for e, _, _ in resumed] == [1, 1]
+    reference = first[0][2]
+    # Every rank resumed identically and ended where the uninterrupted run did.
+    for _, weights, _ in resumed:
+        _assert_same(reference, weights, rtol=1e-6, atol=1e-7)
+    assert CheckpointManager(directory).latest().epoch == 2
+
+
+_SAVE_FOREVER = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+import test_checkpoint as t
+from dist_dl.train.checkpoint import CheckpointManager
+
+manager = CheckpointManager(sys.argv[1], keep=3)
+model = t._model(seed=1)
+epoch = 0
+while True:
+    epoch += 1
+    manager.save(model, epoch)
+    print(f"saved {epoch}", flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_killed_writer_leaves_the_latest_complete_checkpoint_loadable(tmp_path):
+    import signal
+    import subprocess
+
+    directory = tmp_path / "ckpt"
+    writer = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(directory),
+                               os.path.dirname(__file__)], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in writer.stdout:
+            if line.strip() == "saved 5":
+                break
+        # SIGKILL while it keeps saving: wherever it is in a write, nothing is cleaned up.
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait(30)
+    manager = CheckpointManager(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)
+        latest = manager.latest()
+    assert latest is not None and latest.epoch >= 5
+    assert manager.restore(_model(seed=2)).epoch == latest.epoch
