@@ -21,6 +21,7 @@ setup(
         "pyarrow>=10",
         "petastorm>=0.12.1",
         "mlflow>=2.9,<3",
+        "optuna>=3.4",
         "databricks-sdk>=0.20",
         "psutil>=5.9",
         "pillow>=9",

@@ -1,0 +1,380 @@
+"""Driver side of Spark-partitioned ensembles: validate, check memory, launch, log.
+
+``train_ensemble`` shuffles the rows at random into ``num_models`` partitions,
+trains one member per partition in a Spark task (``task.py``), scores members
+and ensemble on a held-out split on the executors, and logs one MLflow run with
+the scores and one pyfunc model. Only the fitted members (and counts) come
+back to the driver.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from dist_dl.ensemble import task as _task
+from dist_dl.ensemble.members import COMBINE_METHODS, Scorer
+from dist_dl.tracking.target import mlflow_target
+
+__all__ = ["train_ensemble", "Ensemble", "PartitionMemoryError", "estimate_partition_memory"]
+
+_NUMERIC = {"ByteType": 1, "ShortType": 2, "IntegerType": 4, "LongType": 8, "FloatType": 4,
+            "DoubleType": 8, "BooleanType": 1}
+_MLFLOW_TYPES = {"ByteType": "integer", "ShortType": "integer", "IntegerType": "integer",
+                 "LongType": "long", "FloatType": "float", "DoubleType": "double",
+                 "BooleanType": "boolean", "StringType": "string"}
+# Bytes a Python worker holds before it sees a row (interpreter, pandas,
+# pyarrow, scikit-learn); measured at 150-250 MiB here, rounded up.
+_WORKER_BASELINE = 256 * 2**20
+
+
+class PartitionMemoryError(ValueError):
+    """A partition would not fit in one Spark task's memory."""
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """The validated arguments of one ``train_ensemble`` call."""
+
+    num_models: int
+    feature_cols: tuple
+    label_col: str
+    combine: str
+    validation_fraction: float
+    seed: int
+    memory_factor: float
+    task_memory_bytes: int | None
+
+    def __post_init__(self):
+        if not isinstance(self.num_models, int) or self.num_models < 2:
+            raise ValueError(f"num_models={self.num_models!r}: an ensemble needs an int >= 2")
+        if not self.feature_cols:
+            raise ValueError("feature_cols is empty: name the numeric feature columns")
+        if self.label_col in self.feature_cols:
+            raise ValueError(f"label_col={self.label_col!r} is also in feature_cols; remove it "
+                             "from feature_cols")
+        if self.combine not in COMBINE_METHODS:
+            raise ValueError(f"combine={self.combine!r}: use one of {COMBINE_METHODS}")
+        if not 0.0 < self.validation_fraction < 0.5:
+            raise ValueError(f"validation_fraction={self.validation_fraction!r}: give a "
+                             "fraction between 0 and 0.5 (rows held out to score the ensemble)")
+        if self.memory_factor < 1.0:
+            raise ValueError(f"memory_factor={self.memory_factor!r} must be >= 1 (task memory "
+                             "per byte of partition data)")
+        if self.task_memory_bytes is not None and self.task_memory_bytes <= 0:
+            raise ValueError(f"task_memory_bytes={self.task_memory_bytes!r} must be positive")
+
+
+def estimate_partition_memory(rows: int, num_features: int, *, memory_factor: float = 4.0) -> int:
+    """Bytes one task needs to train on a partition of ``rows`` rows.
+
+    The partition's data as float64 (features plus label) times
+    ``memory_factor`` (Arrow batches, the pandas frame, the NumPy matrix and the
+    model's own working copy each hold the data once), plus a Python worker's
+    baseline.
+    """
+    return int(rows * (num_features + 1) * 8 * memory_factor) + _WORKER_BASELINE
+
+
+def _task_memory(spark) -> tuple[int, str]:
+    """Memory one Python task may use, and where that figure comes from."""
+    conf = spark.sparkContext.getConf()
+    cores = int(conf.get("spark.executor.cores", "1") or 1)
+    pyspark_mem = conf.get("spark.executor.pyspark.memory", None)
+    if pyspark_mem:
+        # Spark sets this, divided by the executor's cores, as each Python
+        # worker's address-space limit (PythonRunner).
+        return (_parse_size(pyspark_mem) // cores,
+                f"spark.executor.pyspark.memory={pyspark_mem} / spark.executor.cores={cores}")
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        from dist_dl.session import task_slots
+
+        slots = max(1, task_slots(spark))
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total // slots, f"this machine's memory / {slots} local task slots"
+    executor = conf.get("spark.executor.memory", "1g")
+    # Without a Python limit, workers share the executor's node; its JVM size
+    # per core is a conservative stand-in for what each can use.
+    return (_parse_size(executor) // cores,
+            f"spark.executor.memory={executor} / spark.executor.cores={cores}")
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().lower()
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    text = text[:-1] if text.endswith("b") else text
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text) * 2**20  # Spark reads a bare number of memory as MiB
+
+
+def _check_memory(spec: _Spec, train_rows: int, limit: int, source: str) -> None:
+    mean = train_rows / spec.num_models
+    # Random assignment: allow four standard deviations above the mean.
+    largest = int(mean + 4 * math.sqrt(mean)) + 1
+    need = estimate_partition_memory(largest, len(spec.feature_cols),
+                                     memory_factor=spec.memory_factor)
+    if need <= limit:
+        return
+    fixed = _WORKER_BASELINE
+    per_row = (len(spec.feature_cols) + 1) * 8 * spec.memory_factor
+    fits = max(0, int((limit - fixed) / per_row)) if limit > fixed else 0
+    hint = (f"raise num_models to at least {math.ceil(train_rows / fits * 1.1)}"
+            if fits > 0 else "no partition size fits, so give tasks more memory")
+    raise PartitionMemoryError(
+        f"a partition of about {largest:,} rows x {len(spec.feature_cols)} features needs about "
+        f"{need / 2**20:,.0f} MiB in one Spark task, more than the {limit / 2**20:,.0f} MiB a task "
+        f"has ({source}). Fix: {hint}, or raise the task memory (spark.executor.pyspark.memory, "
+        f"or task_memory_bytes if you know better), or lower memory_factor "
+        f"(now {spec.memory_factor}) if your model copies the data less.")
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """A trained ensemble: its members, scores and the MLflow run that holds it.
+
+    Attributes:
+        run_id: The MLflow run with the scores and the model.
+        model_uri: The model's artifact URI, loadable with ``mlflow.pyfunc.load_model``.
+        score: The ensemble's accuracy on the held-out rows.
+        member_scores: Each member's accuracy on the same rows.
+        member_rows: How many training rows each member saw.
+    """
+
+    run_id: str
+    model_uri: str
+    score: float
+    member_scores: tuple
+    member_rows: tuple
+    classes: tuple
+    feature_cols: tuple
+    label_col: str
+    combine: str
+    _blobs: tuple = field(repr=False)
+
+    @property
+    def members(self) -> list:
+        """The fitted members (unpickled on each access)."""
+        return Scorer(self._blobs, self.classes, self.feature_cols, self.combine).members
+
+    def predict(self, pdf):
+        """Predict a small pandas DataFrame on the driver."""
+        return Scorer(self._blobs, self.classes, self.feature_cols, self.combine).predict(pdf)
+
+    def transform(self, df, prediction_col: str = "prediction"):
+        """Score a Spark DataFrame on the executors: every column of ``df`` plus
+        ``prediction_col`` (same type as the label column)."""
+        from pyspark.sql import types as T
+
+        missing = [c for c in self.feature_cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"df is missing feature columns {missing}")
+        if prediction_col in df.columns:
+            raise ValueError(f"prediction_col={prediction_col!r} is already a column of df; "
+                             "pass another name")
+        blobs = df.sparkSession.sparkContext.broadcast(list(self._blobs))
+        label_type = _label_type(self.classes)
+        schema = T.StructType([*df.schema.fields, T.StructField(prediction_col, label_type)])
+        fn = functools.partial(_task.predict_partition, blobs=blobs, classes=list(self.classes),
+                               feature_cols=list(self.feature_cols), method=self.combine,
+                               prediction_col=prediction_col)
+        return df.mapInPandas(fn, schema)
+
+
+def _label_type(classes):
+    from pyspark.sql import types as T
+
+    if all(isinstance(c, bool) for c in classes):
+        return T.BooleanType()
+    if all(isinstance(c, int) for c in classes):
+        return T.LongType()
+    if all(isinstance(c, (int, float)) for c in classes):
+        return T.DoubleType()
+    return T.StringType()
+
+
+def _validate_columns(df, spec: _Spec) -> None:
+    types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
+    for col in (*spec.feature_cols, spec.label_col):
+        if col not in types:
+            raise ValueError(f"column {col!r} is not in df (columns: {sorted(types)})")
+    for col in spec.feature_cols:
+        if types[col] not in _NUMERIC:
+            raise ValueError(f"feature column {col!r} is {types[col]}; members take numeric "
+                             "columns: cast it, or encode it first")
+
+
+def _signature(df, spec: _Spec):
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
+    inputs = Schema([ColSpec(_MLFLOW_TYPES[types[c]], c) for c in spec.feature_cols])
+    label = _MLFLOW_TYPES.get(types[spec.label_col])
+    outputs = Schema([ColSpec(label)]) if label else None
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _requirements(blobs) -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["numpy", "pandas", "cloudpickle", "mlflow"]
+    sample = Scorer(blobs[:1], [0], [], "vote").members[0]
+    root = type(sample).__module__.split(".")[0]
+    names += ["tensorflow-cpu", "tensorflow"] if root in ("keras", "tensorflow") else []
+    names += ["scikit-learn"] if root == "sklearn" else []
+    reqs = []
+    for name in names:
+        try:
+            reqs.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return reqs
+
+
+def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols: Sequence[str],
+                   label_col: str, combine: str = "vote", validation_fraction: float = 0.2,
+                   fit_kwargs: dict | None = None, seed: int = 0, memory_factor: float = 4.0,
+                   task_memory_bytes: int | None = None, tracking_uri: str | None = None,
+                   experiment_name: str | None = None,
+                   run_name: str = "ensemble") -> Ensemble:
+    """Train ``num_models`` classifiers, one per random partition, in Spark tasks.
+
+    Args:
+        df: Spark DataFrame with numeric feature columns and a label column.
+        model_factory: Plain function returning an unfitted scikit-learn
+            classifier or a compiled Keras model (softmax over the classes, or
+            one sigmoid unit for two). If it takes one argument, it gets the
+            member's index (use it as a seed). Called inside the tasks, so it
+            must be picklable (a module-level function or a closure).
+        num_models: Members, and partitions (>= 2).
+        feature_cols: Numeric feature columns.
+        label_col: Class label column (ints, strings, ...). Keras members are
+            fitted on class indices 0..k-1 in sorted label order.
+        combine: ``"vote"`` (majority of the members' labels) or ``"mean"``
+            (highest mean probability).
+        validation_fraction: Rows held out, before partitioning, to score every
+            member and the ensemble on the same data. Default 0.2.
+        fit_kwargs: Passed to each member's ``fit`` (e.g. ``epochs`` for Keras).
+        seed: Seed of the held-out split and of the row shuffle.
+        memory_factor: Task memory per byte of partition data (see
+            ``estimate_partition_memory``). Default 4.
+        task_memory_bytes: Memory of one task; default from the Spark
+            configuration (``spark.executor.pyspark.memory`` per core if set).
+        tracking_uri: MLflow tracking URI for this call; default the current one.
+        experiment_name: MLflow experiment; default the active one.
+        run_name: Name of the MLflow run. Nested if a run is active.
+
+    Returns:
+        The ``Ensemble``: scores, the MLflow run and model URI, ``transform``.
+
+    Raises:
+        ValueError: bad arguments or columns (raised before any training).
+        PartitionMemoryError: a partition would not fit a task's memory.
+        RuntimeError: a task trained no member (an empty partition).
+    """
+    import mlflow
+    from pyspark.sql import functions as F
+
+    spec = _Spec(num_models=num_models, feature_cols=tuple(feature_cols), label_col=label_col,
+                 combine=combine, validation_fraction=float(validation_fraction), seed=int(seed),
+                 memory_factor=float(memory_factor), task_memory_bytes=task_memory_bytes)
+    _validate_columns(df, spec)
+    spark = df.sparkSession
+    sc = spark.sparkContext
+    group = f"dist_dl-ensemble-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, f"dist_dl ensemble of {num_models} members", interruptOnCancel=True)
+    try:
+        # One small aggregation gives the classes and the row count.
+        counts = {r[0]: r[1] for r in df.groupBy(label_col).count().collect()}
+        if None in counts:
+            raise ValueError(f"label column {label_col!r} has {counts[None]} null values; "
+                             "drop or fill them first")
+        classes = tuple(sorted(counts))
+        if len(classes) < 2:
+            raise ValueError(f"label column {label_col!r} has {len(classes)} class(es); a "
+                             "classifier ensemble needs at least 2")
+        total = sum(counts.values())
+        train_rows = int(total * (1 - spec.validation_fraction))
+        if train_rows < 2 * num_models:
+            raise ValueError(f"{train_rows} training rows for num_models={num_models}: lower "
+                             "num_models so each member gets data")
+        limit, source = ((task_memory_bytes, "task_memory_bytes") if task_memory_bytes
+                         else _task_memory(spark))
+        _check_memory(spec, train_rows, limit, source)
+
+        cols = [*spec.feature_cols, label_col]
+        train_df, val_df = df.select(*cols).randomSplit(
+            [1 - spec.validation_fraction, spec.validation_fraction], seed=spec.seed)
+        # Hash of a uniform random number: each row lands in one of num_models
+        # partitions at random. An explicit partition count is kept as given
+        # by adaptive query execution (it never coalesces REPARTITION_BY_NUM).
+        shuffled = (train_df.withColumn("_dist_dl_rand", F.rand(spec.seed))
+                    .repartition(num_models, "_dist_dl_rand").drop("_dist_dl_rand"))
+        fn = functools.partial(_task.train_partition, factory=model_factory,
+                               feature_cols=list(spec.feature_cols), label_col=label_col,
+                               classes=list(classes), fit_kwargs=fit_kwargs)
+        results = sorted(shuffled.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
+                         key=lambda r: r.member)
+        failed = [f"member {r.member}: {r.error}" for r in results if r.model is None]
+        if failed or len(results) != num_models:
+            raise RuntimeError(f"{len(results) - len(failed)} of {num_models} members trained "
+                               f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
+        blobs = tuple(bytes(r.model) for r in results)
+
+        bc = sc.broadcast(list(blobs))
+        score_fn = functools.partial(_task.score_partition, blobs=bc, classes=list(classes),
+                                     feature_cols=list(spec.feature_cols), label_col=label_col,
+                                     method=combine)
+        scored = val_df.mapInPandas(score_fn, _task.SCORE_SCHEMA).collect()
+        bc.unpersist()
+    except BaseException:
+        sc.cancelJobGroup(group)
+        raise
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+
+    val_rows = sum(r.rows for r in scored)
+    if val_rows == 0:
+        raise RuntimeError("the held-out split is empty; raise validation_fraction")
+    ensemble_score = sum(r.ensemble_correct for r in scored) / val_rows
+    member_scores = tuple(sum(r.member_correct[i] for r in scored) / val_rows
+                          for i in range(num_models))
+
+    from dist_dl.ensemble.pyfunc import EnsemblePyfunc
+
+    with mlflow_target(tracking_uri, experiment_name) as experiment_id, \
+            mlflow.start_run(run_name=run_name, experiment_id=experiment_id,
+                             nested=mlflow.active_run() is not None) as run:
+        mlflow.log_params({"num_models": num_models, "combine": combine,
+                           "num_features": len(spec.feature_cols), "label_col": label_col,
+                           "num_classes": len(classes),
+                           "validation_fraction": spec.validation_fraction, "seed": spec.seed,
+                           "train_rows": sum(r.rows for r in results),
+                           "validation_rows": val_rows})
+        metrics = {"ensemble_val_accuracy": ensemble_score,
+                   "member_mean_val_accuracy": sum(member_scores) / num_models}
+        for i, s in enumerate(member_scores):
+            metrics[f"member_{i}_val_accuracy"] = s
+            metrics[f"member_{i}_train_seconds"] = results[i].end - results[i].start
+        mlflow.log_metrics(metrics)
+        mlflow.pyfunc.log_model(
+            "model",
+            python_model=EnsemblePyfunc(blobs, classes, spec.feature_cols, combine),
+            signature=_signature(df, spec),
+            # Given explicitly: inferring them loads the model in a subprocess,
+            # which is slow and learns nothing we do not know here.
+            pip_requirements=_requirements(blobs))
+        run_id = run.info.run_id
+        # The artifact's own URI, not runs:/..., so that it still resolves
+        # after the caller's tracking URI is put back.
+        model_uri = mlflow.get_artifact_uri("model")
+    return Ensemble(run_id=run_id, model_uri=model_uri, score=ensemble_score,
+                    member_scores=member_scores, member_rows=tuple(r.rows for r in results),
+                    classes=classes, feature_cols=spec.feature_cols, label_col=label_col,
+                    combine=combine, _blobs=blobs)

@@ -1,0 +1,99 @@
+"""What runs inside Spark tasks: train one member on a partition, score rows.
+
+Each function takes an iterator of pandas frames (the ``mapInPandas``
+contract) plus plain, picklable arguments bound with ``functools.partial`` on
+the driver. Only small results (a pickled member, counts, predictions for the
+caller's rows) leave a task; training rows never reach the driver.
+"""
+from __future__ import annotations
+
+import inspect
+import pickle
+import time
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dist_dl.ensemble.members import Scorer, fit_member
+
+__all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
+           "predict_partition"]
+
+TRAIN_SCHEMA = ("member int, model binary, rows long, start double, end double, "
+                "error string")
+SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
+
+
+def _call_factory(factory: Callable, member: int):
+    # A factory that takes one argument gets the member's index (to seed it);
+    # one that takes none is called bare.
+    try:
+        params = inspect.signature(factory).parameters.values()
+        positional = [p for p in params
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                      and p.default is p.empty]
+    except (TypeError, ValueError):
+        positional = []
+    return factory(member) if len(positional) == 1 else factory()
+
+
+def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
+                    feature_cols: Sequence[str], label_col: str, classes: Sequence,
+                    fit_kwargs: dict | None) -> Iterator[pd.DataFrame]:
+    """Train one member on all rows of this task's partition."""
+    from pyspark import TaskContext
+
+    member = TaskContext.get().partitionId()
+    start = time.time()
+    frames = list(batches)
+    pdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=[*feature_cols, label_col])
+    del frames
+    row = {"member": member, "model": None, "rows": len(pdf), "start": start,
+           "end": None, "error": None}
+    if len(pdf) == 0:
+        row["error"] = "the partition is empty"
+    else:
+        x = pdf[list(feature_cols)].to_numpy(dtype=np.float64)
+        index = {c: i for i, c in enumerate(classes)}
+        y = pdf[label_col].map(index).to_numpy(dtype=np.int64)
+        del pdf
+        model = fit_member(_call_factory(factory, member), x, y, fit_kwargs)
+        row["model"] = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
+    row["end"] = time.time()
+    yield pd.DataFrame([row])
+
+
+def score_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequence,
+                    feature_cols: Sequence[str], label_col: str,
+                    method: str) -> Iterator[pd.DataFrame]:
+    """Count correct predictions of each member and of the ensemble (one row
+    per task, summed on the driver)."""
+    scorer = Scorer(blobs.value, classes, feature_cols, method)
+    index = {c: i for i, c in enumerate(classes)}
+    rows, ensemble_correct = 0, 0
+    member_correct = np.zeros(len(scorer.members), dtype=np.int64)
+    for pdf in batches:
+        if len(pdf) == 0:
+            continue
+        x = scorer.features(pdf)
+        y = pdf[label_col].map(index).to_numpy()
+        probas = scorer.member_probas(x)
+        for i, p in enumerate(probas):
+            member_correct[i] += int((p.argmax(axis=1) == y).sum())
+        ensemble_correct += int((scorer.combine(probas) == y).sum())
+        rows += len(pdf)
+    yield pd.DataFrame([{"rows": rows, "ensemble_correct": ensemble_correct,
+                         "member_correct": member_correct.tolist()}])
+
+
+def predict_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequence,
+                      feature_cols: Sequence[str], method: str,
+                      prediction_col: str) -> Iterator[pd.DataFrame]:
+    """Append the ensemble's prediction to every row."""
+    scorer = Scorer(blobs.value, classes, feature_cols, method)
+    for pdf in batches:
+        out = pdf.copy()
+        out[prediction_col] = scorer.predict(pdf) if len(pdf) else []
+        yield out

@@ -1,0 +1,358 @@
+"""Driver side of parallel hyperparameter trials.
+
+``max_concurrent`` driver threads each run a loop: ask the sampler for a
+configuration, run it as a Spark job of one task (its own job group), record
+the outcome. So at most ``max_concurrent`` trials run at once, and an adaptive
+sampler sees every finished trial before it proposes the next. While a trial
+runs, its reports reach a small TCP server on the driver, which applies the
+stopping rule and logs them to the trial's MLflow child run. Sampling and
+stopping are Optuna's; only MLflow and Spark are driven from here.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import socketserver
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from dist_dl.search import space as _space
+from dist_dl.search import task as _task
+from dist_dl.tracking.target import experiment_id as _experiment_id
+
+__all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
+           "EARLY_STOPPING"]
+
+ALGORITHMS = ("random", "grid", "tpe")
+EARLY_STOPPING = ("median", "hyperband", None)
+_MAX_TAG = 5000  # MLflow tag values are limited; keep errors well inside it.
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial's outcome.
+
+    ``status`` is ``completed``, ``pruned`` (stopped early) or ``failed``;
+    ``start`` and ``end`` are wall-clock seconds measured inside the task.
+    """
+
+    number: int
+    params: dict
+    status: str
+    value: float | None
+    steps: int
+    start: float | None
+    end: float | None
+    run_id: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best completed trial, the parent MLflow run, and every trial."""
+
+    best_params: dict
+    best_value: float
+    best_run_id: str
+    parent_run_id: str
+    trials: tuple = field(repr=False)
+
+
+class SearchError(RuntimeError):
+    """No trial completed; ``trials`` holds what happened to each."""
+
+    def __init__(self, message: str, trials):
+        super().__init__(message)
+        self.trials = trials
+
+
+@dataclass(frozen=True)
+class _Spec:
+    max_trials: int
+    max_concurrent: int
+    algorithm: str
+    mode: str
+    early_stopping: str | None
+    early_stopping_startup_trials: int
+    early_stopping_warmup_steps: int
+
+    def __post_init__(self):
+        if not isinstance(self.max_trials, int) or self.max_trials < 1:
+            raise ValueError(f"max_trials={self.max_trials!r}: give an int >= 1")
+        if not isinstance(self.max_concurrent, int) or self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent={self.max_concurrent!r}: give an int >= 1")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r}: use one of {ALGORITHMS}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"mode={self.mode!r}: use 'min' or 'max'")
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError(f"early_stopping={self.early_stopping!r}: use one of "
+                             f"{EARLY_STOPPING}")
+        if self.early_stopping_startup_trials < 0 or self.early_stopping_warmup_steps < 0:
+            raise ValueError("early_stopping_startup_trials and early_stopping_warmup_steps "
+                             "must be >= 0")
+
+
+def _sampler(algorithm: str, seed: int | None):
+    import optuna
+
+    if algorithm == "tpe":
+        # Independent TPE: each trial asks with the full space, and the
+        # constant-liar option keeps concurrent asks from proposing the same
+        # point while earlier trials are still running.
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    # Grid points are enqueued in order; random sampling fills nothing then.
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _pruner(spec: _Spec):
+    import optuna
+
+    if spec.early_stopping == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.early_stopping_startup_trials,
+                                           n_warmup_steps=spec.early_stopping_warmup_steps)
+    if spec.early_stopping == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+class _ReportServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def _make_handler(on_report: Callable[[dict], bool], token: str):
+    class Handler(socketserver.StreamRequestHandler):
+        timeout = 30
+
+        def handle(self):
+            try:
+                message = json.loads(self.rfile.readline(64 * 1024))
+                if not secrets.compare_digest(str(message.get("token", "")), token):
+                    reply = {"error": "bad token"}
+                else:
+                    reply = {"prune": bool(on_report(message))}
+            except Exception as exc:  # noqa: BLE001 - reply instead of dropping the task
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            self.wfile.write(json.dumps(reply).encode() + b"\n")
+
+    return Handler
+
+
+def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, max_trials: int,
+           max_concurrent: int, algorithm: str = "random", mode: str = "min",
+           early_stopping: str | None = "median", early_stopping_startup_trials: int = 3,
+           early_stopping_warmup_steps: int = 0, seed: int | None = 0, spark=None,
+           tracking_uri: str | None = None, experiment_name: str | None = None,
+           run_name: str = "search", metric_name: str = "objective") -> SearchResult:
+    """Run up to ``max_trials`` trials of ``train_fn``, ``max_concurrent`` at a time.
+
+    Args:
+        train_fn: ``train_fn(params, reporter) -> float``, run in a Spark task
+            per trial. Returns the final value of the metric; may call
+            ``reporter.report(value)`` each epoch so that hopeless trials stop
+            early (``report`` then raises ``TrialPruned``). Must be picklable.
+        space: Name -> ``Uniform``, ``LogUniform``, ``IntRange``, ``Choice`` or
+            a list of options.
+        max_trials: Trials to run (grid search runs at most the grid's size).
+        max_concurrent: Trials running at once (cloud services call it
+            ``max_concurrent_runs``); each takes one Spark task slot.
+        algorithm: ``"random"``, ``"grid"`` (every combination, in order), or
+            ``"tpe"`` (Optuna's adaptive Tree-structured Parzen Estimator).
+        mode: ``"min"`` or ``"max"`` the metric.
+        early_stopping: ``"median"`` (stop a trial whose report is worse than
+            the median of finished trials at that step), ``"hyperband"``
+            (Optuna's bandit rule), or None.
+        early_stopping_startup_trials: Finished trials before the median rule acts.
+        early_stopping_warmup_steps: Steps of each trial before it may be stopped.
+        seed: Seed of the sampler.
+        spark: SparkSession; default ``dist_dl.session.get_spark()``.
+        tracking_uri: MLflow tracking URI; default the current one.
+        experiment_name: MLflow experiment; default "Default".
+        run_name: Name of the parent MLflow run.
+        metric_name: Name of the metric in MLflow.
+
+    Returns:
+        ``SearchResult`` with the best completed trial and every trial.
+
+    Raises:
+        ValueError: bad arguments (before any trial starts).
+        SearchError: no trial completed.
+    """
+    import mlflow
+    import optuna
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+    from pyspark import InheritableThread
+
+    from dist_dl.session import get_spark, task_slots
+
+    if not callable(train_fn):
+        raise ValueError("train_fn must be a function train_fn(params, reporter) -> float")
+    spec = _Spec(max_trials=max_trials, max_concurrent=max_concurrent, algorithm=algorithm,
+                 mode=mode, early_stopping=early_stopping,
+                 early_stopping_startup_trials=early_stopping_startup_trials,
+                 early_stopping_warmup_steps=early_stopping_warmup_steps)
+    space = _space.normalize_space(space)
+    distributions = _space.to_optuna(space)
+    grid = _space.grid_points(space) if algorithm == "grid" else None
+    if grid is not None and len(grid) < max_trials:
+        warnings.warn(f"grid search: the grid has {len(grid)} points, so {len(grid)} trials run "
+                      f"instead of max_trials={max_trials}", stacklevel=2)
+        max_trials = len(grid)
+
+    spark = spark or get_spark()
+    sc = spark.sparkContext
+    slots = task_slots(spark)
+    if max_concurrent > slots:
+        warnings.warn(f"max_concurrent={max_concurrent} but the cluster has {slots} task slots "
+                      "now; the extra trials wait for a slot", stacklevel=2)
+
+    study = optuna.create_study(direction="minimize" if mode == "min" else "maximize",
+                                sampler=_sampler(algorithm, seed), pruner=_pruner(spec))
+    for point in grid or ():
+        study.enqueue_trial(point)
+
+    client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
+    experiment_id = _experiment_id(experiment_name, client)
+    parent = client.create_run(experiment_id, run_name=run_name)
+    parent_id = parent.info.run_id
+    client.log_batch(parent_id, params=[
+        Param("algorithm", algorithm), Param("max_trials", str(max_trials)),
+        Param("max_concurrent", str(max_concurrent)), Param("mode", mode),
+        Param("early_stopping", str(early_stopping)), Param("seed", str(seed))])
+
+    lock = threading.Lock()
+    running: dict[int, tuple] = {}  # trial number -> (optuna trial, MLflow run id)
+    records: list[TrialRecord] = []
+    launched = [0]
+    token = secrets.token_hex(16)
+    search_id = uuid.uuid4().hex[:8]
+
+    def on_report(message: dict) -> bool:
+        number, step, value = int(message["trial"]), int(message["step"]), float(message["value"])
+        with lock:
+            if number not in running:
+                raise ValueError(f"trial {number} is not running")
+            otrial, run_id = running[number]
+            otrial.report(value, step)
+            prune = otrial.should_prune()
+        client.log_metric(run_id, metric_name, value, step=step)
+        return prune
+
+    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    # Bound to the driver's own address (loopback locally): executors reach
+    # it, nothing else needs to, and every message must carry the token.
+    server = _ReportServer((host, 0), _make_handler(on_report, token))
+    address = server.server_address[:2]
+    server_thread = threading.Thread(target=server.serve_forever, name="dist_dl-search-reports",
+                                     daemon=True)
+    server_thread.start()
+
+    def one_trial() -> bool:
+        with lock:
+            if launched[0] >= max_trials:
+                return False
+            launched[0] += 1
+            otrial = study.ask(distributions)
+            params = dict(otrial.params)
+            run = client.create_run(experiment_id, run_name=f"trial-{otrial.number}", tags={
+                "mlflow.parentRunId": parent_id, "dist_dl.trial": str(otrial.number)})
+            running[otrial.number] = (otrial, run.info.run_id)
+        run_id = run.info.run_id
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        group = f"dist_dl-search-{search_id}-trial-{otrial.number}"
+        sc.setJobGroup(group, f"dist_dl search trial {otrial.number}", interruptOnCancel=True)
+        fn = _bind(train_fn, params, otrial.number, address, token)
+        try:
+            lines = sc.parallelize([otrial.number], 1).mapPartitions(fn).collect()
+            record = json.loads(lines[0])
+        except Exception as exc:  # noqa: BLE001 - the task itself died (e.g. out of memory)
+            sc.cancelJobGroup(group)
+            record = {"status": "failed", "value": None, "steps": 0, "start": None,
+                      "end": None, "error": f"the Spark task failed: {exc}"[:_MAX_TAG]}
+        with lock:
+            del running[otrial.number]
+            state = {"completed": optuna.trial.TrialState.COMPLETE,
+                     "pruned": optuna.trial.TrialState.PRUNED,
+                     "failed": optuna.trial.TrialState.FAIL}[record["status"]]
+            study.tell(otrial, record["value"] if state == optuna.trial.TrialState.COMPLETE
+                       else None, state=state)
+            records.append(TrialRecord(number=otrial.number, params=params,
+                                       status=record["status"], value=record["value"],
+                                       steps=record.get("steps", 0), start=record["start"],
+                                       end=record["end"], run_id=run_id,
+                                       error=record.get("error")))
+        tags = [RunTag("dist_dl.trial_status", record["status"])]
+        metrics = []
+        if record["start"] is not None:
+            tags += [RunTag("dist_dl.task_start", repr(record["start"])),
+                     RunTag("dist_dl.task_end", repr(record["end"]))]
+            metrics.append(Metric("trial_seconds", record["end"] - record["start"],
+                                  int(time.time() * 1000), 0))
+        if record["status"] == "completed":
+            metrics.append(Metric(metric_name, record["value"], int(time.time() * 1000),
+                                  record.get("steps", 0)))
+        if record.get("error"):
+            tags.append(RunTag("dist_dl.error", record["error"][:_MAX_TAG]))
+        client.log_batch(run_id, metrics=metrics, tags=tags)
+        if record.get("traceback"):
+            client.log_text(run_id, record["traceback"], "error.txt")
+        client.set_terminated(run_id, {"completed": "FINISHED", "pruned": "KILLED",
+                                       "failed": "FAILED"}[record["status"]])
+        return True
+
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            while one_trial():
+                pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(exc)
+
+    try:
+        # InheritableThread: PySpark's pinned-thread mode gives each Python
+        # thread its own JVM thread, so job groups do not leak between trials.
+        threads = [InheritableThread(target=worker, name=f"dist_dl-search-{i}")
+                   for i in range(max_concurrent)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        server.shutdown()
+        server.server_close()
+    if errors:
+        client.set_terminated(parent_id, "FAILED")
+        raise errors[0]
+
+    records.sort(key=lambda r: r.number)
+    done = [r for r in records if r.status == "completed"]
+    counts = {s: sum(r.status == s for r in records) for s in ("completed", "pruned", "failed")}
+    if not done:
+        client.set_terminated(parent_id, "FAILED")
+        first = next((r.error for r in records if r.error), "none reported")
+        raise SearchError(f"none of {len(records)} trials completed ({counts}); first error: "
+                          f"{first}", tuple(records))
+    best = (min if mode == "min" else max)(done, key=lambda r: r.value)
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[
+        Metric(f"best_{metric_name}", best.value, now, 0),
+        *[Metric(f"trials_{s}", float(n), now, 0) for s, n in counts.items()]],
+        params=[Param(f"best_{k}", str(v)) for k, v in best.params.items()],
+        tags=[RunTag("dist_dl.best_run_id", best.run_id)])
+    client.set_terminated(parent_id, "FINISHED")
+    return SearchResult(best_params=dict(best.params), best_value=best.value,
+                        best_run_id=best.run_id, parent_run_id=parent_id, trials=tuple(records))
+
+
+def _bind(train_fn, params, number, address, token):
+    import functools
+
+    return functools.partial(_task.run_trial, train_fn=train_fn, params=params, trial=number,
+                             address=address, token=token)

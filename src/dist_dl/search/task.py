@@ -1,0 +1,93 @@
+"""What runs inside a Spark task: one trial, and the reporter it talks back with.
+
+A trial calls ``reporter.report(value)`` as it trains; each report goes to the
+driver over one short TCP connection (JSON, no pickle, checked against a
+per-search token) and the driver answers whether to stop. A stopped trial
+raises ``TrialPruned`` out of ``report``; the trial runner records it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+import traceback
+from typing import Callable
+
+__all__ = ["Reporter", "TrialPruned", "run_trial"]
+
+
+class TrialPruned(Exception):
+    """Raised by ``Reporter.report`` when the stopping rule ends this trial.
+
+    Let it propagate out of the training function (clean up in ``finally``).
+    """
+
+
+class Reporter:
+    """Passed to the training function: ``report(value, step=None)``.
+
+    Attributes:
+        trial: This trial's number.
+        last_value: The last value reported, or None.
+        steps: How many values were reported.
+    """
+
+    def __init__(self, address: tuple[str, int], token: str, trial: int,
+                 timeout: float = 60.0):
+        self._address = tuple(address)
+        self._token = token
+        self._timeout = timeout
+        self.trial = trial
+        self.last_value: float | None = None
+        self.steps = 0
+
+    def report(self, value: float, step: int | None = None) -> None:
+        """Send an intermediate value (the searched metric) to the driver.
+
+        Args:
+            value: The metric so far, in the direction being optimised.
+            step: Epoch or step number; default: one more than the last report.
+
+        Raises:
+            TrialPruned: the driver's stopping rule ended this trial.
+        """
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"reported value {value!r} is not finite")
+        step = self.steps if step is None else int(step)
+        self.last_value = value
+        self.steps += 1
+        message = {"token": self._token, "trial": self.trial, "step": step, "value": value}
+        with socket.create_connection(self._address, timeout=self._timeout) as conn:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+            reply = json.loads(conn.makefile("rb").readline() or b"{}")
+        if "error" in reply:
+            raise RuntimeError(f"the search driver refused a report: {reply['error']}")
+        if reply.get("prune"):
+            raise TrialPruned(f"trial {self.trial} stopped early at step {step} (value {value})")
+
+
+def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token: str):
+    """The body of a trial's Spark task: one JSON line with what happened.
+
+    Never raises for the trial's own errors, so a failing trial is recorded as
+    failed (and Spark does not retry it) while the other trials go on.
+    """
+    reporter = Reporter(address, token, trial)
+    record = {"trial": trial, "status": "completed", "value": None, "error": None,
+              "start": time.time()}
+    try:
+        value = train_fn(dict(params), reporter)
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"train_fn returned {value!r}, not a finite number")
+        record["value"] = value
+    except TrialPruned:
+        record.update(status="pruned", value=reporter.last_value)
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is the trial's
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc())
+    record["end"] = time.time()
+    record["steps"] = reporter.steps
+    yield json.dumps(record)
