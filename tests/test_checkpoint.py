@@ -225,7 +225,9 @@ def _horovod_train(directory: str, epochs: int, seed: int, reference_epochs: int
         model = _model(seed=seed + hvd.rank())  # different initial weights per rank on purpose
         model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)),
                       tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        initial_epoch = 0 if manager is None else resume(manager, model)
+        # resume() broadcasts rank 0's state before the first step, also
+        # when there is no checkpoint (the reference run: an empty folder).
+        initial_epoch = resume(manager or CheckpointManager(f"{directory}-empty"), model)
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hvd.callbacks.MetricAverageCallback()]
         if manager is not None:

@@ -45,3 +45,16 @@ def test_bad_arguments_name_the_parameter(kwargs, name):
     args = {"base_lr": 0.1, "num_workers": 2, "steps_per_epoch": 10, **kwargs}
     with pytest.raises(ValueError, match=name):
         WarmupScaledSchedule(**args)
+
+
+def test_cosine_decay_after_warmup_reaches_zero_at_the_end():
+    schedule = WarmupScaledSchedule(0.1, num_workers=2, steps_per_epoch=10, warmup_epochs=1,
+                                    total_epochs=3)
+    assert schedule.total_steps == 30
+    steps = [0, 5, 10, 20, 30, 40]
+    # Warmup 0.1 -> 0.2 over 10 steps, then 0.2 * (1 + cos(pi * t)) / 2 over steps 10..30.
+    expected = [0.1, 0.15, 0.2, 0.1, 0.0, 0.0]
+    np.testing.assert_allclose([schedule.value_at(s) for s in steps], expected, atol=1e-12)
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, atol=1e-6)
+    with pytest.raises(ValueError, match="total_epochs"):
+        WarmupScaledSchedule(0.1, 2, 10, warmup_epochs=2, total_epochs=1)

@@ -28,7 +28,8 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
                  config: ReaderConfig = ReaderConfig(), steps_per_epoch: int | None = None,
                  num_epochs: int | None = None, version: int | None = None,
                  seed: int | None = None, cache_dir: str | None = None,
-                 with_weights: bool = False, include_source_id: bool = False):
+                 with_weights: bool = False, include_source_id: bool = False,
+                 shuffle: bool | None = None):
     """Batches of shard ``rank`` of ``size``, decoded and augmented.
 
     Rows come from Petastorm's batch reader (the ``Reader`` that
@@ -49,8 +50,9 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         rank: This worker's rank, in ``[0, size)``.
         size: Number of workers.
         batch_size: Rows per batch on this rank.
-        training: True: shuffle, random resized crop and flip; False: fixed
-            order and the evaluation transform (centre crop).
+        training: True: random resized crop and flip (and shuffling, unless
+            ``shuffle=False``); False: the evaluation transform (centre crop)
+            in a fixed order.
         config: Transform and pipeline settings (:class:`ReaderConfig`).
         steps_per_epoch: Batches per epoch; default ``plan_shards(url, size,
             batch_size).steps_per_epoch`` (policy "pad"), the same on every
@@ -69,6 +71,9 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
             the last batches (policy "pad").
         include_source_id: Make the features a dict ``{"image": ...,
             "source_id": ...}`` instead of the image tensor.
+        shuffle: Shuffle row groups and rows (default: ``training``). With
+            ``shuffle=False`` and ``config.reader_threads=1`` rows come in
+            the same order every time (Petastorm's row-group order).
 
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` or, with
@@ -95,9 +100,10 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}")
     target = steps_per_epoch * batch_size
     epochs = itertools.count()
+    shuffle = training if shuffle is None else bool(shuffle)
 
     def one_epoch():
-        yield from _epoch_rows(files, rank, size, target, shuffle=training,
+        yield from _epoch_rows(files, rank, size, target, shuffle=shuffle,
                                threads=config.reader_threads, epoch=next(epochs))
 
     spec = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
@@ -110,7 +116,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         key = hashlib.sha1(repr((files, rank, size, target)).encode()).hexdigest()[:16]
         rows = rows.cache(os.path.join(cache_dir, f"dist_dl-rank{rank}-of{size}-{key}"))
     rows = rows.repeat(num_epochs)
-    if training:
+    if shuffle:
         rows = rows.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     transform = train_transform if training else eval_transform
 
@@ -119,7 +125,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         features = {"image": image, "source_id": source_id} if include_source_id else image
         return (features, label, weight) if with_weights else (features, label)
 
-    ds = rows.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    ds = rows.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
     # Every epoch holds exactly steps_per_epoch * batch_size rows, so no
     # partial batch exists; drop_remainder also gives a static batch shape.
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -336,8 +336,9 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
         optimizer: Default ``model.optimizer``.
         broadcast: Restore on Horovod rank 0 only and broadcast the epoch and
             every model and optimizer variable from it (so only rank 0 needs to
-            see the directory). Default: when Horovod is initialised with more
-            than one rank.
+            see the directory); with no checkpoint, rank 0's initial state is
+            broadcast, so every rank starts identical. Default: when Horovod is
+            initialised with more than one rank.
         include_optimizer: Restore the optimizer's state too.
     """
     hvd = _horovod_if_initialized()
@@ -361,15 +362,15 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
         raise error
     if message is not None:
         raise RuntimeError(f"rank 0 could not restore the checkpoint: {message}")
-    if epoch is None:
-        return 0
+    # Broadcast also when starting fresh: every rank then takes its first
+    # step from rank 0's initial weights, as one worker would.
     variables = list(model.variables)
     opt = _optimizer_of(model, optimizer) if include_optimizer else None
     if opt is not None:
         _build_optimizer(opt, model)
         variables += list(opt.variables)
     hvd.broadcast_variables(variables, root_rank=0)
-    return int(epoch)
+    return 0 if epoch is None else int(epoch)
 
 
 def __getattr__(name: str):

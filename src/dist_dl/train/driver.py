@@ -1,0 +1,584 @@
+"""``train_distributed``: the driver side of synchronous data-parallel training.
+
+Runs on the Spark driver (a notebook, a job, a pipeline). It checks the input
+before any worker starts, turns a DataFrame into image shards once (reusing
+them for the same data), plans the shards per worker, opens the MLflow run,
+launches the workers (``HorovodRunner``, locally or on Spark) with
+:func:`dist_dl.train.worker.train_worker`, retries a failed attempt from the
+last checkpoint, and returns a :class:`TrainedModel`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dist_dl.train.config import TrainConfig
+
+__all__ = ["train_distributed", "TrainedModel", "TrainingFailed"]
+
+# Errors of the code or the data: another attempt would fail the same way.
+_NOT_RETRIED = {"ValueError", "TypeError", "KeyError", "IndexError", "AttributeError",
+                "NameError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
+                "AssertionError", "SyntaxError", "ZeroDivisionError", "FileNotFoundError",
+                "InvalidArgumentError", "UnimplementedError"}
+_DONE = "_dist_dl_materialised.json"
+
+
+class TrainingFailed(RuntimeError):
+    """Every attempt failed (or one failed in a way a retry cannot fix).
+
+    Attributes:
+        run_id: The MLflow run (marked FAILED).
+        checkpoint: The newest complete checkpoint's folder, or None.
+        checkpoint_epoch: Epochs it holds (0 if none).
+        attempts: Attempts made.
+    """
+
+    def __init__(self, message: str, *, run_id: str, checkpoint: str | None,
+                 checkpoint_epoch: int, attempts: int):
+        super().__init__(message)
+        self.run_id = run_id
+        self.checkpoint = checkpoint
+        self.checkpoint_epoch = checkpoint_epoch
+        self.attempts = attempts
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """What ``train_distributed`` returns.
+
+    Attributes:
+        run_id: The MLflow run with parameters, metrics, model and TensorBoard logs.
+        model_uri: ``runs:/<run_id>/model``: ``mlflow.pyfunc.load_model(model_uri)``
+            (with the run's tracking URI) scores a pandas DataFrame of encoded images.
+        tracking_uri: The MLflow tracking URI the run is in.
+        registered_model_name, registered_version: The registry entry, if registered.
+        history: Metric name -> one value per epoch this run trained, in
+            order: epochs ``initial_epoch + 1`` to the last (training ``loss``
+            and ``accuracy`` averaged over workers, ``val_loss`` and
+            ``val_accuracy`` over all validation rows, ``learning_rate``,
+            ``images_per_second``, ``epoch_seconds``).
+        initial_epoch: Epochs already done when this run started (resumed
+            from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
+        num_workers: Workers that trained it.
+        classes: Number of classes; ``class_names`` by index.
+        checkpoint_dir: Its checkpoints (a new run pointed there resumes).
+        attempts: Attempts it took (1 if nothing failed).
+        image_col: The image column ``transform`` reads by default.
+    """
+
+    run_id: str
+    model_uri: str
+    tracking_uri: str
+    registered_model_name: str | None
+    registered_version: int | None
+    history: dict = field(default_factory=dict)
+    initial_epoch: int = 0
+    num_workers: int = 1
+    classes: int = 0
+    class_names: tuple = ()
+    checkpoint_dir: str = ""
+    attempts: int = 1
+    image_col: str = "image"
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The last epoch's value of every metric."""
+        return {name: values[-1] for name, values in self.history.items() if values}
+
+    def transform(self, df, *, image_col: str | None = None, prediction_col: str = "prediction",
+                  probability_col: str = "probability", probabilities_col: str | None = None,
+                  batch_size: int = 64):
+        """Score a Spark DataFrame of encoded images on the executors (a
+        pandas UDF per partition), adding the predicted class index and its
+        probability (and, with ``probabilities_col``, every class's)."""
+        from dist_dl.score import score_dataframe
+        from dist_dl.tracking.target import mlflow_target
+
+        with mlflow_target(self.tracking_uri):
+            return score_dataframe(df, self.model_uri, image_col=image_col or self.image_col,
+                                   prediction_col=prediction_col, probability_col=probability_col,
+                                   probabilities_col=probabilities_col, batch_size=batch_size)
+
+    def keras_model(self):
+        """The trained Keras model (float32, logits out), loaded from the run."""
+        import mlflow.artifacts
+        import tensorflow as tf
+
+        from dist_dl.tracking.target import mlflow_target
+
+        with mlflow_target(self.tracking_uri):
+            path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
+        return tf.keras.models.load_model(path, compile=False)
+
+
+def train_distributed(data, *, config: TrainConfig | None = None, validation=None,
+                      model: str | Callable | None = None, callbacks: Callable[[], list] | None = None,
+                      spark=None, tracking_uri: str | None = None, experiment: str | None = None,
+                      run_name: str | None = None, registered_model_name: str | None = None,
+                      **settings) -> TrainedModel:
+    """Train an image classifier on all workers, synchronously (Horovod allreduce).
+
+    Args:
+        data: A Spark DataFrame with an encoded-image column (bytes, or paths
+            such as ``binaryFile``'s) and a label column (names or indexes),
+            or the location of image shards written by
+            :func:`dist_dl.prepare.prepare_image_dataset` (a Parquet folder or
+            a Delta table). A DataFrame is written to shards under
+            ``<output_dir>/shards/<fingerprint>`` once: a later call with the
+            same data (the same plan over the same input files: names, sizes,
+            modification times) and settings reuses them. A DataFrame of
+            in-memory data (``createDataFrame``) has nothing that identifies
+            it across calls and is written each time.
+        config: A :class:`TrainConfig` (e.g. the ``train`` section of a
+            ``conf/*.yaml`` file); ``settings`` override its fields.
+        validation: Validation data, of the same kind as ``data``. Default:
+            for a DataFrame, ``validation_fraction`` of its rows (0: no
+            validation pass); for shards, no validation pass (the run's
+            ``validation`` parameter is then empty).
+        model: A registry name, or a builder ``(input_shape, classes) ->
+            keras.Model`` returning logits (default ``config.model``).
+        callbacks: Function returning extra Keras callbacks, called in every
+            worker (it must be picklable).
+        spark: SparkSession; default the DataFrame's, or the active one.
+        tracking_uri: MLflow tracking URI (default: MLflow's current one).
+        experiment: MLflow experiment name (default: the active one, else "Default").
+        run_name: Name of the MLflow run (default: the model's name).
+        registered_model_name: Also register the model under this name.
+        **settings: Any :class:`TrainConfig` field, e.g. ``num_workers=4,
+            epochs=10, batch_size=64, learning_rate=0.025, label_col="y"``.
+
+    Returns:
+        The :class:`TrainedModel`.
+
+    Raises:
+        ValueError: Bad settings or input, found on the driver before any
+            worker starts (missing or mistyped columns, labels outside
+            ``[0, classes)``, empty input, fewer row groups than workers,
+            undecodable images...), naming the problem and the fix.
+        NotEnoughSlots: ``backend="spark"`` and the cluster has fewer task
+            slots than ``num_workers``.
+        TrainingFailed: Every attempt failed; names the error and the last
+            complete checkpoint.
+    """
+    cfg = _settings(config, settings)
+    builder = model if model is not None else cfg.model
+    if not (callable(builder) or isinstance(builder, str)):
+        raise ValueError(f"model must be a registry name or a builder function, got {builder!r}")
+    if isinstance(builder, str) and builder not in _model_names():
+        raise ValueError(f"unknown model {builder!r}: use one of {', '.join(_model_names())} or "
+                         "pass a builder function (input_shape, classes) -> keras.Model")
+    if callbacks is not None and not callable(callbacks):
+        raise ValueError("callbacks must be a function that returns a list of Keras callbacks "
+                         "(it runs in every worker)")
+    output_dir = _fs_path(cfg.output_dir)
+    spark = spark or _session_of(data) or _session_of(validation)
+
+    train_url, val_url, rows, disposable = _resolve_inputs(data, validation, cfg, output_dir,
+                                                           spark)
+    try:
+        return _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
+                      tracking_uri, experiment, run_name, registered_model_name)
+    finally:
+        if disposable is not None:
+            shutil.rmtree(disposable, ignore_errors=True)
+
+
+def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir, tracking_uri,
+           experiment, run_name, registered_model_name) -> TrainedModel:
+    """Plan, open the run, launch (with retries), collect the result."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.tracking.target import mlflow_target
+
+    classes, class_names = _classes(train_url, cfg)
+    plan = _plan(train_url, cfg, classes, "data")
+    val_plan = _plan(val_url, cfg, classes, "validation") if val_url else None
+    train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
+    backend = _backend(cfg.backend, spark)
+    if backend == "spark" and spark is None:
+        from dist_dl.session import get_spark
+
+        spark = get_spark()
+
+    uri = _absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
+    with mlflow_target(uri, experiment) as experiment_id:
+        client = MlflowClient(uri)
+        name = run_name or (builder if isinstance(builder, str) else
+                            getattr(builder, "__name__", "custom_model"))
+        run = client.create_run(experiment_id, run_name=name,
+                                tags={"dist_dl.entry": "train_distributed"})
+    run_id = run.info.run_id
+    checkpoint_dir = _fs_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else \
+        os.path.join(output_dir, "checkpoints", run_id)
+    _log_params(client, run_id, cfg, builder, backend, train_url, val_url, plan, val_plan,
+                train_steps, classes, rows, checkpoint_dir)
+    initial_epoch = _resumable_epoch(checkpoint_dir, cfg)
+    client.set_tag(run_id, "dist_dl.initial_epoch", str(initial_epoch))
+
+    from dist_dl.train.worker import WorkerSpec
+
+    spec = WorkerSpec(config=cfg, model=builder, train_files=plan.files, train_steps=train_steps,
+                      reader_steps=plan.steps_per_epoch,
+                      val_files=val_plan.files if val_plan else (),
+                      val_steps=val_plan.steps_per_epoch if val_plan else 0, classes=classes,
+                      class_names=tuple(class_names), checkpoint_dir=checkpoint_dir,
+                      tensorboard_dir=os.path.join(output_dir, "tensorboard", run_id),
+                      tracking_uri=uri, run_id=run_id,
+                      registered_model_name=registered_model_name, callbacks=callbacks)
+    try:
+        result, attempts = _attempts(spec, cfg, backend, spark, client, run_id)
+    except BaseException as exc:
+        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return TrainedModel(run_id=run_id, model_uri=result["model_uri"], tracking_uri=uri,
+                        registered_model_name=registered_model_name,
+                        registered_version=result.get("registered_version"),
+                        history=_history(client, run_id),
+                        initial_epoch=initial_epoch,
+                        num_workers=cfg.num_workers,
+                        classes=classes, class_names=tuple(class_names),
+                        checkpoint_dir=checkpoint_dir, attempts=attempts, image_col=cfg.image_col)
+
+
+# ----------------------------------------------------------------- settings
+
+def _settings(config: TrainConfig | None, settings: dict) -> TrainConfig:
+    if config is not None and not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig (the train section of a configuration), "
+                         f"got {type(config).__name__}")
+    valid = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(settings) - valid)
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(valid), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"train_distributed got unknown setting {unknown[0]!r}{hint}; "
+                         f"settings are the TrainConfig fields: {', '.join(sorted(valid))}")
+    return dataclasses.replace(config or TrainConfig(), **settings)
+
+
+def _model_names() -> tuple:
+    from dist_dl.train.models import MODEL_NAMES
+
+    return MODEL_NAMES
+
+
+def _fs_path(location: str) -> str:
+    """An absolute file-system path every worker can use (``dbfs:/x`` is the
+    ``/dbfs/x`` FUSE mount on Databricks nodes)."""
+    location = str(location)
+    if location.startswith("dbfs:/"):
+        return "/dbfs/" + location[len("dbfs:/"):].lstrip("/")
+    if location.startswith("file:"):
+        location = "/" + location[len("file:"):].lstrip("/")
+    if "://" in location:
+        raise ValueError(f"{location!r}: output_dir and checkpoint_dir must be file-system "
+                         "paths every worker can reach (on Databricks /dbfs/... or /Volumes/...)")
+    return os.path.abspath(location)
+
+
+def _absolute_tracking_uri(uri: str) -> str:
+    """Workers run elsewhere (Spark tasks have their own working directory):
+    a relative local store becomes absolute."""
+    if uri.startswith("file:") and not uri.startswith("file:///"):
+        return "file://" + os.path.abspath(uri[len("file:"):])
+    if "://" not in uri and ":" not in uri.split("/")[0]:
+        return "file://" + os.path.abspath(uri)
+    return uri
+
+
+def _session_of(data):
+    return getattr(data, "sparkSession", None)
+
+
+def _is_dataframe(data) -> bool:
+    return hasattr(data, "sparkSession") and hasattr(data, "schema")
+
+
+def _backend(choice: str, spark) -> str:
+    if choice != "auto":
+        return choice
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    # Same machine either way on local[N]: processes start in a fraction of
+    # a second, Spark tasks in several (benchmarks/RESULTS.md, launcher).
+    if spark is None or spark.sparkContext.master.startswith("local"):
+        return "local"
+    return "spark"
+
+
+# --------------------------------------------------------------- the data
+
+def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
+    """(train shards URL, validation shards URL or None, rows written per
+    split, a folder to delete after training or None)."""
+    if data is None:
+        raise ValueError("data is None: pass a Spark DataFrame of images and labels, or the "
+                         "location of image shards")
+    if not _is_dataframe(data):
+        if not isinstance(data, (str, os.PathLike)):
+            raise ValueError(f"data must be a Spark DataFrame or a shards location, "
+                             f"got {type(data).__name__}")
+        val = validation
+        if _is_dataframe(val):
+            raise ValueError("validation is a DataFrame but data is a shards location: write "
+                             "both with prepare_image_dataset (or pass both as DataFrames)")
+        return os.fspath(data), (os.fspath(val) if val is not None else None), {}, None
+    if validation is not None and not _is_dataframe(validation):
+        raise ValueError("data is a DataFrame but validation is not: pass validation as a "
+                         "DataFrame too (or None to hold out validation_fraction of data)")
+    return _materialise(data, validation, cfg, output_dir)
+
+
+# Leaves of a plan that hold data in memory: nothing identifies their rows
+# across calls, so such DataFrames are written afresh each time.
+_IN_MEMORY = ("LogicalRDD", "LocalRelation", "ExternalRDD")
+# Above this many input files, names identify them (a new table version has
+# new file names); statting each one on the driver would take minutes.
+_STAT_LIMIT = 10_000
+
+
+def _fingerprint(df, validation, cfg: TrainConfig) -> str | None:
+    """A name for the shards of this data, or None if it has no stable identity.
+
+    Two DataFrames get the same fingerprint when their canonical plans match
+    (Spark's ``semanticHash`` is not stable across re-reads of the same files)
+    and so do their input files (names; sizes and modification times too, up
+    to ``_STAT_LIMIT`` files), and the shard settings.
+    """
+    parts = []
+    for frame in (df, validation):
+        if frame is None:
+            parts.append(None)
+            continue
+        plan = frame._jdf.queryExecution().analyzed().canonicalized().toString()
+        files = sorted(frame.inputFiles())
+        if not files or any(leaf in plan for leaf in _IN_MEMORY):
+            return None
+        if len(files) <= _STAT_LIMIT:
+            files = [_file_identity(path) for path in files]
+        parts.append((plan, frame.schema.json(), files))
+    settings = (cfg.image_col, cfg.label_col, cfg.classes, cfg.seed, cfg.num_workers,
+                cfg.validation_fraction if validation is None else None)
+    return hashlib.sha1(repr((parts, settings)).encode()).hexdigest()[:16]
+
+
+def _file_identity(path: str) -> tuple:
+    local = path[len("file:"):] if path.startswith("file:") else path
+    try:
+        st = os.stat(local)
+    except OSError:
+        return (path,)  # remote storage: the name (new data comes in new files)
+    return (path, st.st_size, st.st_mtime_ns)
+
+
+def _rows_per_row_group(rows: int, workers: int) -> int:
+    # Petastorm hands whole row groups to workers: at least four per worker
+    # keeps shards even; 512 is the ImageNet-scale size.
+    return max(1, min(512, math.ceil(rows / (4 * workers))))
+
+
+def _materialise(df, validation, cfg: TrainConfig, output_dir: str):
+    """Write a DataFrame (and its validation split) as shards, or reuse the
+    shards an earlier call wrote for the same data; see :func:`_fingerprint`."""
+    from dist_dl.prepare import ShardConfig, prepare_image_dataset
+
+    fingerprint = _fingerprint(df, validation, cfg)
+    name = fingerprint or f"unnamed-{uuid.uuid4().hex[:16]}"
+    root = os.path.join(output_dir, "shards", name)
+    done = os.path.join(root, _DONE)
+    train_url, val_url = os.path.join(root, "train"), os.path.join(root, "validation")
+    if os.path.exists(done):
+        with open(done) as f:
+            record = json.load(f)
+        print(f"dist_dl: reusing the shards of this DataFrame at {root}")
+        return train_url, (val_url if record.get("validation") else None), record["rows"], None
+    if fingerprint is None:
+        print(f"dist_dl: the DataFrame holds in-memory data (no input files identify it), so "
+              f"its shards at {root} cannot be reused by a later call", flush=True)
+    if os.path.exists(root):
+        shutil.rmtree(root)  # an earlier materialisation that did not finish
+    if validation is None and cfg.validation_fraction > 0:
+        df, validation = df.randomSplit([1 - cfg.validation_fraction, cfg.validation_fraction],
+                                        seed=cfg.seed)
+    rows = {}
+    for split, frame, url in (("train", df, train_url), ("validation", validation, val_url)):
+        if frame is None:
+            continue
+        count = frame.count()
+        if count == 0:
+            raise ValueError(f"the {split} split has no rows: give more data"
+                             + (" or a larger validation_fraction" if split == "validation" else ""))
+        summary = prepare_image_dataset(
+            url, dataframe=frame, image_col=cfg.image_col, label_col=cfg.label_col,
+            classes=cfg.classes, label_index=train_url if split == "validation" else None,
+            config=ShardConfig(rows_per_row_group=_rows_per_row_group(count, cfg.num_workers),
+                               seed=cfg.seed))
+        rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
+                       "skipped": summary.rows_skipped}
+    tmp = done + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"rows": rows, "validation": validation is not None}, f)
+    os.replace(tmp, done)
+    return (train_url, (val_url if validation is not None else None), rows,
+            None if fingerprint else root)
+
+
+def _classes(train_url: str, cfg: TrainConfig) -> tuple[int, list[str]]:
+    from dist_dl.prepare import load_label_index
+    from dist_dl.read.resolve import resolve_files, to_url
+
+    local = to_url(train_url)
+    local = local[len("file://"):] if local.startswith("file://") else None
+    index = None
+    if local is not None and os.path.isdir(local):
+        try:
+            index = load_label_index(local)
+        except FileNotFoundError:
+            index = None
+    if index is None:
+        if cfg.classes is None:
+            resolve_files(train_url)  # a missing dataset says so first
+            raise ValueError(f"{train_url} has no label index (_labels.json) beside it: pass "
+                             "classes=<number of classes>, or write the shards with "
+                             "dist_dl.prepare.prepare_image_dataset")
+        return cfg.classes, [str(i) for i in range(cfg.classes)]
+    if cfg.classes is not None and cfg.classes != len(index):
+        raise ValueError(f"classes={cfg.classes} but the label index of {train_url} has "
+                         f"{len(index)} labels: drop classes= or make them agree")
+    return len(index), sorted(index, key=index.get)
+
+
+def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
+    from dist_dl.read import plan_shards
+
+    try:
+        return plan_shards(url, cfg.num_workers, cfg.batch_size, classes=classes)
+    except ValueError as exc:
+        raise ValueError(f"{what} {url}: {exc}") from None
+
+
+# -------------------------------------------------------------- launching
+
+def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig) -> int:
+    """Epochs done by the newest complete checkpoint in ``checkpoint_dir``
+    (0 if none): where the first attempt will start."""
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(checkpoint_dir).latest()
+    if latest is None:
+        return 0
+    if latest.epoch >= cfg.epochs:
+        print(f"dist_dl: {checkpoint_dir} already holds epoch {latest.epoch} of {cfg.epochs}: "
+              "nothing left to train; the model is logged from that checkpoint", flush=True)
+    else:
+        print(f"dist_dl: resuming from {latest.path} (after epoch {latest.epoch})", flush=True)
+    return latest.epoch
+
+
+def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
+    from dist_dl.launch import HorovodRunner, JobTimeout, WorkerError
+    from dist_dl.train.checkpoint import CheckpointManager
+    from dist_dl.train.worker import train_worker
+
+    np = cfg.num_workers if backend == "spark" else -cfg.num_workers
+    runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
+                           spark=spark)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = runner.run(train_worker, spec=dataclasses.replace(spec, attempt=attempt))
+            client.set_tag(run_id, "dist_dl.attempts", str(attempt))
+            return result, attempt
+        except (WorkerError, JobTimeout) as exc:
+            latest = CheckpointManager(spec.checkpoint_dir).latest()
+            where = (f"{latest.path} (after epoch {latest.epoch})" if latest
+                     else f"none yet in {spec.checkpoint_dir}")
+            first_line = str(exc).splitlines()[0]
+            client.set_tag(run_id, f"dist_dl.attempt_{attempt}_error", first_line[:4000])
+            retriable = _retriable(exc)
+            if attempt > cfg.max_retries or not retriable:
+                why = (f"after {attempt} attempts (max_retries={cfg.max_retries})" if retriable
+                       else "and is not retried (an error of the code or the data fails again)")
+                raise TrainingFailed(
+                    f"training failed {why}: {first_line}. Last complete checkpoint: {where}; "
+                    f"a new run with checkpoint_dir={spec.checkpoint_dir!r} resumes from it.",
+                    run_id=run_id, checkpoint=str(latest.path) if latest else None,
+                    checkpoint_epoch=latest.epoch if latest else 0, attempts=attempt) from exc
+            print(f"dist_dl: attempt {attempt} failed ({first_line}); retry "
+                  f"{attempt}/{cfg.max_retries} resumes from checkpoint {where}", flush=True)
+
+
+def _retriable(exc: Exception) -> bool:
+    worker_type = getattr(exc, "worker_type", None)
+    return worker_type is None or worker_type not in _NOT_RETRIED
+
+
+# --------------------------------------------------------------- tracking
+
+_URL_SECRET = re.compile(r"\?[^\s]*")
+
+
+def _public(location: str | None) -> str:
+    """A location as a parameter: query strings (SAS tokens, signed URLs)
+    never reach MLflow."""
+    return "" if location is None else _URL_SECRET.sub("?<redacted>", str(location))
+
+
+def _log_params(client, run_id, cfg: TrainConfig, builder, backend, train_url, val_url, plan,
+                val_plan, train_steps, classes, rows, checkpoint_dir) -> None:
+    from mlflow.entities import Metric, Param
+
+    params = {f"train.{k}": v for k, v in dataclasses.asdict(cfg).items()}
+    params.update({
+        "train.model": builder if isinstance(builder, str) else
+        f"{getattr(builder, '__module__', '?')}.{getattr(builder, '__qualname__', repr(builder))}",
+        "train.output_dir": _public(cfg.output_dir), "train.cache_dir": _public(cfg.cache_dir),
+        "train.checkpoint_dir": _public(checkpoint_dir),
+        "backend": backend, "data": _public(train_url), "validation": _public(val_url),
+        "data_rows": plan.rows, "validation_rows": val_plan.rows if val_plan else 0,
+        "row_groups": plan.row_groups, "steps_per_epoch": train_steps,
+        "validation_steps": val_plan.steps_per_epoch if val_plan else 0, "classes": classes,
+        "global_batch_size": cfg.batch_size * cfg.num_workers,
+        "scaled_learning_rate": cfg.learning_rate * (cfg.num_workers if cfg.scale_learning_rate
+                                                     else 1),
+    })
+    for split, counts in rows.items():
+        params[f"materialised.{split}.rows_skipped"] = counts["skipped"]
+    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())],
+                     metrics=[Metric("num_workers", cfg.num_workers, _now_ms(), 0)])
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def _history(client, run_id: str) -> dict[str, list[float]]:
+    """Per-epoch metric values (the last one logged for each epoch)."""
+    run = client.get_run(run_id)
+    history = {}
+    for key in sorted(run.data.metrics):
+        if key == "num_workers":
+            continue
+        by_step = {}
+        for metric in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            by_step[metric.step] = metric.value
+        history[key] = [by_step[s] for s in sorted(by_step)]
+    return history

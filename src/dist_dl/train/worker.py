@@ -1,0 +1,313 @@
+"""The training loop that runs inside every Horovod worker of ``train_distributed``.
+
+Shipped to the workers by the launcher (``HorovodRunner``), which has already
+set this process's threads and visible GPU. One call of :func:`train_worker`
+is one attempt: Horovod init, devices and precision, the shard of this rank,
+the model, the scaled and warmed-up learning rate, Horovod's
+DistributedOptimizer, resume from the newest checkpoint (broadcast from rank
+0), then ``model.fit`` with:
+
+- metric averaging across ranks, and an exact validation pass each epoch
+  (every rank scores its validation shard; sums are allreduced);
+- on rank 0 only: an atomic checkpoint each epoch, MLflow metrics,
+  TensorBoard logs, progress lines to the driver, and at the end the model
+  logged to MLflow (and registered).
+
+All Horovod calls of training live here (and in the launcher), so a second
+engine can replace this module without touching data, tracking or scoring.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dist_dl.train.config import TrainConfig
+
+__all__ = ["WorkerSpec", "train_worker"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one attempt needs; built and checked on the driver, pickled
+    to every worker.
+
+    Attributes:
+        config: The training settings.
+        model: A registry name or a builder ``(input_shape, classes) -> Model``.
+        train_files, val_files: Parquet file URLs of the shards (val may be empty).
+        train_steps: Batches per epoch on every rank (the driver's plan).
+        reader_steps: Batches in one pass of the reader over a rank's shard.
+        val_steps: Validation batches per rank (one pass over its shard).
+        classes: Number of classes; ``class_names`` their names by index.
+        checkpoint_dir: Where rank 0 saves, and every attempt resumes from.
+        tensorboard_dir: Rank 0's TensorBoard log folder.
+        tracking_uri, run_id: The MLflow run rank 0 logs to.
+        registered_model_name: Register the final model under this name.
+        callbacks: Optional function returning extra Keras callbacks, called
+            in every worker (after Horovod init).
+        attempt: 1 for the first attempt, 2 for the first retry, ...
+    """
+
+    config: TrainConfig
+    model: Any
+    train_files: tuple
+    train_steps: int
+    reader_steps: int
+    val_files: tuple
+    val_steps: int
+    classes: int
+    class_names: tuple
+    checkpoint_dir: str
+    tensorboard_dir: str
+    tracking_uri: str
+    run_id: str
+    registered_model_name: str | None = None
+    callbacks: Callable[[], list] | None = None
+    attempt: int = 1
+
+
+def train_worker(spec: WorkerSpec) -> dict | None:
+    """One attempt of data-parallel training, on this worker.
+
+    Returns, on rank 0: the logged model's URI and registered version, the
+    epoch the attempt started at and the number of epochs completed; None on
+    the other ranks.
+    """
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from dist_dl.read import ReaderConfig, make_dataset
+    from dist_dl.tracking import MlflowEpochLogger
+    from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
+    from dist_dl.train.schedule import WarmupScaledSchedule
+
+    hvd.init()
+    cfg = spec.config
+    rank, size = hvd.rank(), hvd.size()
+    mixed = _pin_devices_and_precision(tf, cfg, hvd.local_rank())
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    # Per-rank seeds: different crops and flips on every rank. The initial
+    # weights are rank 0's anyway (broadcast below).
+    tf.keras.utils.set_random_seed(cfg.seed + rank)
+
+    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
+                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
+                          shuffle_buffer=cfg.shuffle_buffer,
+                          reader_threads=1 if cfg.deterministic else cfg.reader_threads)
+    train_data = make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
+                              training=cfg.augment, shuffle=cfg.shuffle, config=reader,
+                              steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
+                              cache_dir=cfg.cache_dir, with_weights=True)
+
+    model = _build(spec, mixed)
+    schedule = WarmupScaledSchedule(
+        cfg.learning_rate, size if cfg.scale_learning_rate else 1, spec.train_steps,
+        min(cfg.warmup_epochs, cfg.epochs),
+        total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+    optimizer = hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
+        compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none)
+    if mixed:
+        # Loss scaling outside the allreduce: the scaled gradients are averaged
+        # (a linear operation), then unscaled and checked for overflow, with
+        # the same result on every rank, so the scales stay in step.
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["accuracy"])
+
+    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints)
+    initial_epoch = resume(manager, model)
+    _log(rank, f"attempt {spec.attempt}: {size} workers, "
+               f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
+               f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
+               f"{'mixed' if mixed else 'float32'} precision)")
+
+    # Order matters: every rank runs the collective callbacks in the same
+    # order (an allreduce each), before the rank-0-only ones read the logs.
+    callbacks = [hvd.callbacks.MetricAverageCallback()]
+    if spec.val_files:
+        val_data = make_dataset(list(spec.val_files), rank, size, cfg.batch_size, training=False,
+                                config=reader, steps_per_epoch=spec.val_steps, with_weights=True)
+        callbacks.append(_validation_callback(tf, hvd, val_data, spec.val_steps))
+    callbacks.append(_learning_rate_callback(tf, schedule))
+    if rank == 0:
+        callbacks += [
+            CheckpointCallback(manager, metadata={"run_id": spec.run_id}),
+            MlflowEpochLogger(images_per_epoch=cfg.batch_size * size * spec.train_steps,
+                              writer=True),
+            tf.keras.callbacks.TensorBoard(spec.tensorboard_dir, update_freq="epoch",
+                                           profile_batch=0, write_graph=False),
+            _progress_callback(tf, cfg.epochs, spec.train_steps, cfg.batch_size * size),
+        ]
+    if spec.callbacks is not None:
+        callbacks += list(spec.callbacks())
+
+    import mlflow
+
+    if rank == 0:
+        mlflow.set_tracking_uri(spec.tracking_uri)
+    # Rank 0 logs into the run the driver created (and will close).
+    with mlflow.start_run(run_id=spec.run_id) if rank == 0 else contextlib.nullcontext():
+        if initial_epoch < cfg.epochs:
+            model.fit(train_data, epochs=cfg.epochs, initial_epoch=initial_epoch,
+                      steps_per_epoch=spec.train_steps, callbacks=callbacks, verbose=0)
+        if rank != 0:
+            return None
+        logged = _log_final_model(spec, model, reader, mixed)
+    return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
+
+
+def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
+    """Give this worker one GPU (if any) and decide on mixed precision."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) > 1:
+        # The launcher shows each worker only its local rank's GPU; a runner
+        # that did not (a user's own launcher) still gets one GPU per rank.
+        gpus = [gpus[local_rank % len(gpus)]]
+        tf.config.set_visible_devices(gpus, "GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    mixed = cfg.mixed_precision == "on" or (cfg.mixed_precision == "auto" and bool(gpus))
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    return mixed
+
+
+def _build(spec: WorkerSpec, mixed: bool):
+    import tensorflow as tf
+
+    from dist_dl.train.models import build_model
+
+    model = build_model(spec.model, (spec.config.image_size, spec.config.image_size, 3),
+                        spec.classes)
+    if mixed:
+        # Logits in float32: a float16 softmax cross-entropy loses precision.
+        logits = tf.keras.layers.Activation("linear", dtype="float32", name="logits_float32")(
+            model.outputs[0])
+        model = tf.keras.Model(model.inputs, logits, name=model.name)
+    return model
+
+
+def _log(rank: int, message: str) -> None:
+    if rank == 0:
+        from dist_dl.launch import log_to_driver
+
+        log_to_driver(message)
+
+
+def _validation_callback(tf, hvd, data, steps: int):
+    """Exact validation over all ranks: sums of weighted loss, correct
+    predictions and weights are allreduced, so rows repeated to even out the
+    shards (weight 0) count nothing and every real row counts once."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    class DistributedValidation(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._iterator = None
+            self._step = None
+
+        def _sums(self, images, labels, weights):
+            logits = tf.cast(self.model(images, training=False), tf.float32)
+            correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                                       labels), tf.float32)
+            return tf.stack([tf.reduce_sum(loss_fn(labels, logits) * weights),
+                             tf.reduce_sum(correct * weights), tf.reduce_sum(weights)])
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self._iterator is None:
+                self._iterator = iter(data)
+                self._step = tf.function(self._sums)
+            totals = tf.zeros([3], tf.float32)
+            for _ in range(steps):
+                totals += self._step(*next(self._iterator))
+            totals = hvd.allreduce(totals, op=hvd.Sum, name="dist_dl.validation").numpy()
+            if logs is not None and totals[2] > 0:
+                logs["val_loss"] = float(totals[0] / totals[2])
+                logs["val_accuracy"] = float(totals[1] / totals[2])
+
+    return DistributedValidation()
+
+
+def _learning_rate_callback(tf, schedule):
+    """Adds the learning rate reached (warmup shows in the metrics) to the logs."""
+
+    class LearningRate(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is not None:
+                logs["learning_rate"] = schedule.value_at(
+                    int(self.model.optimizer.iterations.numpy()))
+
+    return LearningRate()
+
+
+def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: float = 30.0):
+    """Progress lines to the driver: epoch, step, images/s and time left."""
+    from dist_dl.launch import log_to_driver
+
+    class Progress(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self._start = time.perf_counter()
+            self._last = self._start
+            self._done = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._done += 1
+            now = time.perf_counter()
+            if now - self._last >= every:
+                self._last = now
+                self._report(batch + 1, now)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._report(steps, time.perf_counter(), logs)
+
+        def _report(self, step, now, logs=None):
+            rate = self._done / max(now - self._start, 1e-9)
+            left = ((epochs - self._epoch) * steps - step) / rate if rate > 0 else math.inf
+            text = (f"epoch {self._epoch + 1}/{epochs} step {step}/{steps}: "
+                    f"{rate * global_batch:.1f} images/s, {_duration(left)} left")
+            if logs:
+                shown = {k: v for k, v in logs.items() if k in ("loss", "accuracy", "val_loss",
+                                                                "val_accuracy")}
+                text += "; " + ", ".join(f"{k} {float(v):.4f}" for k, v in shown.items())
+            log_to_driver(text)
+
+    return Progress()
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool) -> dict:
+    """Rank 0, inside the run: the trained model (float32, for serving
+    anywhere) and the TensorBoard logs."""
+    import tensorflow as tf
+
+    from dist_dl.tracking import ImagePreprocessing, log_keras_classifier, log_tensorboard
+
+    if mixed:
+        tf.keras.mixed_precision.set_global_policy("float32")
+        serving = _build(spec, mixed=False)
+        serving.set_weights(model.get_weights())
+        model = serving
+    preprocessing = ImagePreprocessing(image_size=spec.config.image_size, channels=3,
+                                       mean=reader.mean, std=reader.std,
+                                       crop_fraction=spec.config.eval_crop_fraction)
+    logged = log_keras_classifier(model, preprocessing, image_col="image",
+                                  registered_model_name=spec.registered_model_name,
+                                  class_names=list(spec.class_names), from_logits=True)
+    if os.path.isdir(spec.tensorboard_dir) and any(os.scandir(spec.tensorboard_dir)):
+        log_tensorboard(spec.tensorboard_dir)
+    return {"model_uri": logged.model_uri, "registered_version": logged.registered_version}

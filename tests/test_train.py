@@ -1,0 +1,222 @@
+"""train_distributed end to end: real Horovod workers (local processes and
+Spark tasks), real Petastorm shards, a real MLflow file store."""
+from __future__ import annotations
+
+import os
+
+import cloudpickle
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+import train_hooks
+from dist_dl import TrainConfig, TrainingFailed, train_distributed
+from dist_dl.prepare import make_synthetic_images, write_digits_tree
+from dist_dl.tracking.target import mlflow_target
+
+cloudpickle.register_pickle_by_value(train_hooks)
+
+# Settings under which a run is a pure function of its inputs.
+EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
+             lr_schedule="constant", momentum=0.9, validation_fraction=0.0, image_size=16)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """24 synthetic images in 6 row groups of 4: one step of batch 8 on one
+    worker reads row groups 2k and 2k+1; with two workers at batch 4, rank 0
+    reads 2k and rank 1 reads 2k+1 (Petastorm gives row group i to rank i % 2)."""
+    path = str(tmp_path_factory.mktemp("synthetic") / "shards")
+    make_synthetic_images(path, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+    return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    return (tmp_path / "mlruns").as_uri()
+
+
+def _weights(trained):
+    return trained.keras_model().get_weights()
+
+
+def _max_difference(a, b) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def _epochs_begun(path):
+    """{pid: [epochs]} for rank 0, from the EpochLog hook's file."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            pid, rank, epoch = map(int, line.split())
+            if rank == 0:
+                out.setdefault(pid, []).append(epoch)
+    return list(out.values())
+
+
+@pytest.mark.timeout(240)
+def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, store, tmp_path):
+    common = dict(model=train_hooks.plain_cnn, epochs=1, tracking_uri=store,
+                  output_dir=str(tmp_path), backend="local", **EXACT)
+    one = train_distributed(shards, num_workers=1, batch_size=8, learning_rate=0.1, **common)
+    # Learning rate 0.05 per worker, scaled by 2 workers: the same 0.1.
+    two = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05, **common)
+    assert one.num_workers == 1 and two.num_workers == 2
+    assert MlflowClient(store).get_run(two.run_id).data.params["steps_per_epoch"] == "3"
+    difference = _max_difference(_weights(one), _weights(two))
+    print(f"largest weight difference after 3 steps: {difference:.2e}")
+    assert difference < 1e-5
+    # The tolerance tells updates apart: unscaled, two workers step half as far.
+    unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
+                                 scale_learning_rate=False, **common)
+    assert _max_difference(_weights(one), _weights(unscaled)) > 100 * max(difference, 1e-7)
+
+
+@pytest.mark.timeout(400)
+def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model(
+        spark, store, tmp_path, capsys):
+    from pyspark.sql import functions as F
+
+    train_dir, val_dir = write_digits_tree(str(tmp_path / "digits"), image_size=32)
+
+    def frame(folder):
+        # Spark's binaryFile source: image bytes in `content`, the label from the path.
+        return (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+                .load(folder)
+                .withColumn("digit", F.regexp_extract("path", r"/(\d)/[^/]+$", 1)))
+
+    config = TrainConfig(model="small_cnn", image_size=32, image_col="content", label_col="digit",
+                         num_workers=2, backend="spark", epochs=6, batch_size=32,
+                         learning_rate=0.1, warmup_epochs=1, augment=False,
+                         eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"))
+    trained = train_distributed(frame(train_dir), validation=frame(val_dir), config=config,
+                                tracking_uri=store, registered_model_name="digits")
+    out = capsys.readouterr().out
+    assert "epoch 6/6" in out and "images/s" in out  # progress reached the driver
+
+    history = trained.history
+    assert len(history["loss"]) == 6 and len(history["val_accuracy"]) == 6
+    assert history["loss"][-1] < history["loss"][0]
+    print("validation accuracy by epoch:", [round(a, 3) for a in history["val_accuracy"]])
+    assert trained.metrics["val_accuracy"] >= 0.9
+    assert trained.registered_version == 1
+
+    # The executors' predictions equal the MLflow-loaded model's, on held-out images.
+    held_out = frame(val_dir).select("content", "digit")
+    scored = trained.transform(held_out, probabilities_col="probabilities").toPandas()
+    accuracy = float((scored["prediction"].astype(str) == scored["digit"]).mean())
+    print(f"held-out accuracy through transform(df): {accuracy:.3f} on {len(scored)} images")
+    assert accuracy >= 0.9
+    with mlflow_target(store):
+        loaded = mlflow.pyfunc.load_model(trained.model_uri)
+    expected = loaded.predict(scored[["content"]].rename(columns={"content": "image"}))
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(), expected["prediction"].to_numpy())
+    np.testing.assert_allclose(np.stack(scored["probabilities"]),
+                               np.stack(expected["probabilities"]), rtol=1e-5, atol=1e-6)
+
+    run = MlflowClient(store).get_run(trained.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.num_workers"] == "2" and run.data.params["backend"] == "spark"
+    assert run.data.metrics["num_workers"] == 2 and run.data.metrics["images_per_second"] > 0
+    artifacts = {a.path for a in MlflowClient(store).list_artifacts(trained.run_id)}
+    assert {"model", "tensorboard"} <= artifacts
+
+    # The same DataFrame again: its shards are reused, not rewritten.
+    from dist_dl.train.driver import _materialise
+
+    root = os.path.join(config.output_dir, "shards")
+    (fingerprint,) = os.listdir(root)
+    labels = os.path.join(root, fingerprint, "train", "_labels.json")
+    before = os.stat(labels).st_mtime_ns
+    _materialise(frame(train_dir), frame(val_dir), config, os.path.abspath(config.output_dir))
+    assert os.listdir(root) == [fingerprint] and os.stat(labels).st_mtime_ns == before
+
+
+@pytest.mark.timeout(300)
+def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
+        shards, store, tmp_path):
+    common = dict(model="small_cnn", epochs=2, num_workers=2, batch_size=4, learning_rate=0.05,
+                  tracking_uri=store, output_dir=str(tmp_path), backend="local", **EXACT)
+    uninterrupted = train_distributed(shards, checkpoint_dir=str(tmp_path / "a"), **common)
+    log = str(tmp_path / "epochs.log")
+    stopped = train_distributed(shards, checkpoint_dir=str(tmp_path / "b"),
+                                callbacks=train_hooks.EpochLog(log, stop_after=1), **common)
+    assert len(stopped.history["loss"]) == 1
+    resumed = train_distributed(shards, checkpoint_dir=str(tmp_path / "b"),
+                                callbacks=train_hooks.EpochLog(log), **common)
+    assert resumed.initial_epoch == 1 and len(resumed.history["loss"]) == 1
+    assert _epochs_begun(log) == [[0], [1]]  # the resumed run trained epoch 2 only
+    # Batch normalisation's moving statistics and the optimizer's momentum
+    # are restored too, or this would not hold.
+    assert _max_difference(_weights(uninterrupted), _weights(resumed)) < 1e-6
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
+        shards, store, tmp_path):
+    log = str(tmp_path / "epochs.log")
+    trained = train_distributed(
+        shards, model="small_cnn", epochs=3, num_workers=2, batch_size=4, image_size=16,
+        validation_fraction=0.0, max_retries=1, backend="local", tracking_uri=store,
+        output_dir=str(tmp_path), callbacks=train_hooks.EpochLog(log, kill_rank=1, kill_epoch=1,
+                                                                 kill_batch=1))
+    assert os.path.exists(log + ".killed")
+    assert trained.attempts == 2
+    # Attempt 1 began epochs 1 and 2 (0-based 0, 1) and died in epoch 2;
+    # attempt 2 resumed after epoch 1: epoch 1 was not lost.
+    assert _epochs_begun(log) == [[0, 1], [1, 2]]
+    assert len(trained.history["loss"]) == 3  # every epoch logged once
+    tags = MlflowClient(store).get_run(trained.run_id).data.tags
+    assert "SIGKILL" in tags["dist_dl.attempt_1_error"] and tags["dist_dl.attempts"] == "2"
+
+
+@pytest.mark.timeout(180)
+def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, store, tmp_path):
+    with pytest.raises(TrainingFailed, match="not retried.*Last complete checkpoint: none yet") \
+            as info:
+        train_distributed(shards, model=train_hooks.wrong_units, num_workers=2, batch_size=4,
+                          image_size=16, validation_fraction=0.0, max_retries=2, backend="local",
+                          tracking_uri=store, output_dir=str(tmp_path))
+    assert info.value.attempts == 1 and info.value.checkpoint is None
+    assert "classes" in str(info.value)  # the worker's own message: the output units
+    assert MlflowClient(store).get_run(info.value.run_id).info.status == "FAILED"
+
+
+@pytest.mark.timeout(240)
+def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
+        shards, store, tmp_path):
+    trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
+                                image_size=16, validation_fraction=0.0, mixed_precision="on",
+                                fp16_allreduce=True, backend="local", tracking_uri=store,
+                                output_dir=str(tmp_path))
+    assert np.isfinite(trained.metrics["loss"])
+    model = trained.keras_model()
+    assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
+    params = MlflowClient(store).get_run(trained.run_id).data.params
+    assert params["train.mixed_precision"] == "on" and params["train.fp16_allreduce"] == "True"
+
+
+@pytest.mark.timeout(180)
+def test_bad_input_fails_on_the_driver_before_any_worker_or_run(spark, shards, store, tmp_path):
+    def runs():
+        return len(MlflowClient(store).search_runs(
+            [e.experiment_id for e in MlflowClient(store).search_experiments()]))
+
+    with pytest.raises(ValueError, match="unknown setting 'epoch'.*did you mean 'epochs'"):
+        train_distributed(shards, epoch=3, tracking_uri=store)
+    with pytest.raises(ValueError, match="TrainConfig.batch_size must be a positive int"):
+        train_distributed(shards, batch_size=0, tracking_uri=store)
+    with pytest.raises(ValueError, match="unknown model 'resnet5'"):
+        train_distributed(shards, model="resnet5", tracking_uri=store)
+    with pytest.raises(ValueError, match=r"6 row groups but there are 8 workers"):
+        train_distributed(shards, num_workers=8, tracking_uri=store, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="classes=5 but the label index.*has 3 labels"):
+        train_distributed(shards, classes=5, tracking_uri=store, output_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_distributed(str(tmp_path / "nowhere"), tracking_uri=store)
+    frame = spark.createDataFrame([(b"not an image", "cat")], "image binary, name string")
+    with pytest.raises(ValueError, match=r"column 'label' \(label_col\) is not in the DataFrame"):
+        train_distributed(frame, tracking_uri=store, output_dir=str(tmp_path))
+    assert runs() == 0

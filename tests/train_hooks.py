@@ -1,0 +1,68 @@
+"""Keras callbacks the training tests run inside the workers (shipped by
+value: the workers cannot import the tests folder), and model builders."""
+from __future__ import annotations
+
+import os
+import signal
+
+
+class EpochLog:
+    """Callback factory: every worker appends ``<pid> <rank> <epoch>`` to
+    ``path`` when an epoch begins; optionally kills ``kill_rank`` with SIGKILL
+    after batch ``kill_batch`` of epoch ``kill_epoch`` (0-based), once (a
+    marker file remembers it), or stops training after ``stop_after`` epochs."""
+
+    def __init__(self, path: str, kill_rank: int | None = None, kill_epoch: int = 1,
+                 kill_batch: int = 2, stop_after: int | None = None):
+        self.path = path
+        self.kill_rank, self.kill_epoch, self.kill_batch = kill_rank, kill_epoch, kill_batch
+        self.stop_after = stop_after
+
+    def __call__(self):
+        import horovod.tensorflow.keras as hvd
+        import tensorflow as tf
+
+        spec = self
+
+        class Hook(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self._epoch = epoch
+                with open(spec.path, "a") as f:
+                    f.write(f"{os.getpid()} {hvd.rank()} {epoch}\n")
+
+            def on_train_batch_end(self, batch, logs=None):
+                marker = spec.path + ".killed"
+                if (hvd.rank() == spec.kill_rank and self._epoch == spec.kill_epoch
+                        and batch == spec.kill_batch and not os.path.exists(marker)):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            def on_epoch_end(self, epoch, logs=None):
+                if spec.stop_after is not None and epoch + 1 >= spec.stop_after:
+                    self.model.stop_training = True
+
+        return [Hook()]
+
+
+def plain_cnn(input_shape, classes):
+    """A small CNN without batch normalisation, whose update is the same for
+    n workers at batch B/n and one worker at batch B."""
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        layers.Conv2D(8, 3, activation="relu"),
+        layers.MaxPooling2D(),
+        layers.Conv2D(16, 3, activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(classes),
+    ], name="plain_cnn")
+
+
+def wrong_units(input_shape, classes):
+    """A builder with the wrong number of outputs: a deterministic error."""
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(classes + 1)])
