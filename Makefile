@@ -29,7 +29,7 @@ $(STAMP): constraints.txt setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m dist_dl.cli demo --config conf/demo.yaml
+	$(PY) -m dist_dl.cli pipeline --config demo
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

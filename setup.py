@@ -11,8 +11,11 @@ setup(
     name="dist_dl",
     version="0.1.0",
     description="Train deep-learning models across a Spark cluster",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
+    # conf/ ships inside the wheel as dist_dl.conf, so that jobs and the
+    # command line find the configurations by name on any cluster.
+    package_dir={"": "src", "dist_dl.conf": "conf"},
+    packages=find_packages("src") + ["dist_dl.conf"],
+    package_data={"dist_dl.conf": ["*.yaml"]},
     python_requires=">=3.10",
     install_requires=[
         "cloudpickle>=2.0",

@@ -1,6 +1,5 @@
 """Notebooks: Databricks source format, and each runs end to end locally
 (widgets fall back to their defaults without dbutils)."""
-import os
 import runpy
 from pathlib import Path
 
@@ -24,5 +23,4 @@ def test_there_are_notebooks_and_each_has_the_header():
 def test_notebook_runs_locally(path, spark, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the notebooks write under ./runs
     namespace = runpy.run_path(str(path), run_name="__main__")
-    assert "result" in namespace or "config" in namespace
-    assert os.path.isdir(tmp_path / "runs")
+    assert namespace.get("result") is not None, f"{path.name} must leave its outcome in `result`"

@@ -1,44 +1,116 @@
-"""``dist-dl``: the command line. Parses arguments and calls the library."""
+"""``dist-dl``: the command line. Parses arguments and calls the library.
+
+Every step takes a configuration (``--config``: a YAML file, or the name of
+one shipped in ``conf/``) and ``--set section.key=value`` overrides, so a job
+definition, a notebook and a terminal run the same step the same way:
+
+    dist-dl prepare-data --config imagenet_resnet50 --set data.output=/Volumes/x
+    dist-dl train --config demo --set train.epochs=2
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser", "STEPS"]
+
+# Command -> (function in dist_dl.pipeline, help).
+STEPS = {
+    "prepare-data": ("prepare_data", "write image shards (Parquet or Delta) from a folder tree, "
+                                     "a table, or synthetic/sample images"),
+    "train": ("train", "train_distributed on the shards of the data section"),
+    "evaluate": ("evaluate", "accuracy of a logged model on the validation shards; promote it "
+                             "(registry alias) if it passes"),
+    "score": ("score", "batch-score images with a logged model on the executors"),
+    "bench": ("bench", "throughput and scaling benchmark of data-parallel training"),
+    "ensemble": ("ensemble", "one random forest per Spark partition, combined"),
+    "search": ("search", "parallel hyperparameter trials of the train settings"),
+    "pipeline": ("run_pipeline", "prepare-data, train, evaluate and score in one go "
+                                 "(what `make demo` runs)"),
+}
 
 
-def _demo(args) -> int:
-    from dist_dl.config import DemoConfig, load_config
-    from dist_dl.demo import run_demo
+def _load(args):
+    from dist_dl.config import PipelineConfig, load_config, parse_overrides
 
-    overrides = {"np": args.np, "master": args.master, "epochs": args.epochs,
-                 "steps_per_epoch": args.steps, "batch_size": args.batch_size,
-                 "image_size": args.image_size, "output": args.output}
-    run_demo(load_config(DemoConfig, args.config, overrides))
+    return load_config(PipelineConfig, args.config, parse_overrides(args.set))
+
+
+def _step(function: str):
+    def run(args) -> int:
+        from dist_dl import pipeline
+
+        getattr(pipeline, function)(_load(args), master=args.master)
+        return 0
+
+    return run
+
+
+def _configs(args) -> int:
+    from dist_dl.config import PipelineConfig, config_names, config_path, load_config, to_dict
+
+    if args.name is None:
+        for name in config_names():
+            print(f"{name:24s} {config_path(name)}")
+        return 0
+    import yaml
+
+    print(yaml.safe_dump(to_dict(load_config(PipelineConfig, args.name,
+                                             _overrides(args.set))), sort_keys=False))
     return 0
+
+
+def _overrides(items):
+    from dist_dl.config import parse_overrides
+
+    return parse_overrides(items)
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None,
+                        help="YAML file, or the name of a shipped one (see `dist-dl configs`); "
+                             "default: every section's defaults")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one setting (repeatable), e.g. --set train.epochs=3")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dist-dl", description="Distributed deep learning on Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small CNN on synthetic images with "
-                                       "HorovodRunner on a local Spark session, log to MLflow")
-    demo.add_argument("--config", help="YAML file of DemoConfig keys (e.g. conf/demo.yaml); "
-                                       "flags override it")
-    demo.add_argument("--np", type=int, help="workers (>0 Spark tasks, <0 local processes); default 2")
-    demo.add_argument("--master", help="Spark master URL; default local[2]")
-    demo.add_argument("--epochs", type=int)
-    demo.add_argument("--steps", type=int, help="steps per epoch")
-    demo.add_argument("--batch-size", type=int, help="per-worker batch size")
-    demo.add_argument("--image-size", type=int)
-    demo.add_argument("--output", help="folder for the MLflow store; default runs")
-    demo.set_defaults(func=_demo)
+    for command, (function, text) in STEPS.items():
+        step = sub.add_parser(command, help=text, description=text)
+        _add_config_options(step)
+        step.add_argument("--master", default=None,
+                          help="Spark master URL when no session is active (default local[2]; "
+                               "on Databricks the cluster's session is used)")
+        step.set_defaults(func=_step(function))
+
+    from dist_dl.databricks.jobs import add_jobs_command
+
+    add_jobs_command(sub)
+
+    configs = sub.add_parser("configs", help="list the shipped configurations, or print one "
+                                             "with its defaults filled in")
+    configs.add_argument("name", nargs="?", help="a configuration name or YAML path")
+    configs.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    configs.set_defaults(func=_configs)
+
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    from dist_dl.pipeline import GateFailed
+    from dist_dl.train import TrainingFailed
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        # Bad input: one clear line, not a traceback (the message names the fix).
+        parser.exit(2, f"dist-dl {args.command}: error: {exc}\n")
+    except (GateFailed, TrainingFailed) as exc:
+        parser.exit(1, f"dist-dl {args.command}: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -1,100 +1,399 @@
 """Configuration: frozen dataclasses, loaded from YAML files in ``conf/`` and
-overridden by command-line or notebook-widget values.
+overridden by command-line (``--set train.epochs=3``) or notebook-widget values.
 
-An unknown or mistyped key is an error that names the key and the valid ones;
-a value of the wrong type is an error that names the key and the type.
+A file has one section per step (``data``, ``train``, ``tracking``,
+``evaluate``, ``score``, ...), each a dataclass validated on construction. An
+unknown or mistyped key is an error that names the key (with its section)
+and the valid ones; a value of the wrong type names the key and the type.
+
+Files are found by path, or by name among the configurations shipped with
+the wheel (the repository's ``conf/`` folder, installed as ``dist_dl.conf``):
+``load_config(PipelineConfig, "imagenet_resnet50")``.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import os
+import types
 import typing
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["DemoConfig", "load_config", "from_mapping"]
+from dist_dl.prepare.config import DataConfig
+from dist_dl.train.config import TrainConfig
+
+__all__ = ["PipelineConfig", "TrackingConfig", "EvaluateConfig", "ScoreConfig", "BenchConfig",
+           "EnsembleConfig", "SearchConfig",
+           "load_config", "from_mapping", "parse_overrides", "config_path", "config_names",
+           "to_dict"]
 
 T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
-class DemoConfig:
-    """The demo job: a small CNN on synthetic images with HorovodRunner.
+class TrackingConfig:
+    """Where runs and models are logged.
 
     Attributes:
-        np: Workers: > 0 Spark tasks, < 0 processes on the driver.
-        master: Spark master URL for the embedded session.
-        epochs: Training epochs.
-        steps_per_epoch: Steps per epoch on each worker.
-        batch_size: Per-worker batch size.
-        image_size: Side of the square synthetic images, in pixels.
-        classes: Number of classes.
-        learning_rate: Single-worker learning rate (scaled by the worker count).
-        output: Folder for the local MLflow store.
+        tracking_uri: MLflow tracking URI; None: MLflow's own default (the
+            workspace on Databricks, ``MLFLOW_TRACKING_URI`` if set), and for
+            the local jobs ``file:<output_dir>/mlruns``.
+        experiment: Experiment name (on Databricks a workspace path such as
+            ``/Shared/dist_dl``).
+        run_name: Name of the training run; default: the model's name.
+        registered_model_name: Register the trained model under this name.
     """
 
-    np: int = 2
-    master: str = "local[2]"
-    epochs: int = 3
-    steps_per_epoch: int = 30
-    batch_size: int = 32
-    image_size: int = 32
-    classes: int = 4
-    learning_rate: float = 0.01
-    output: str = "runs"
+    tracking_uri: str | None = None
+    experiment: str = "dist_dl"
+    run_name: str | None = None
+    registered_model_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """The gate between training and scoring.
+
+    Attributes:
+        min_accuracy: The model is promoted (``alias`` set on its registered
+            version) only if its accuracy on the validation shards is at
+            least this.
+        alias: Registry alias given to a model that passes.
+        batch_size: Images per forward pass.
+    """
+
+    min_accuracy: float = 0.0
+    alias: str = "champion"
+    batch_size: int = 64
 
     def __post_init__(self):
-        if self.np == 0:
-            raise ValueError("np must be non-zero: > 0 Spark tasks, < 0 local processes")
-        for name in ("epochs", "steps_per_epoch", "batch_size", "image_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.classes < 2:
-            raise ValueError(f"classes must be >= 2, got {self.classes}")
-        if self.image_size < 8:
-            raise ValueError(f"image_size must be >= 8 pixels (two conv layers), got {self.image_size}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not isinstance(self.min_accuracy, (int, float)) or not 0 <= self.min_accuracy <= 1:
+            raise ValueError(f"evaluate.min_accuracy must be in [0, 1], got {self.min_accuracy!r}")
+        if not isinstance(self.alias, str) or not self.alias.isidentifier():
+            raise ValueError(f"evaluate.alias must be a name (letters, digits, _), got {self.alias!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"evaluate.batch_size must be an int >= 1, got {self.batch_size!r}")
 
 
-def from_mapping(cls: type[T], values: Mapping[str, Any], source: str = "configuration") -> T:
-    """Build ``cls`` from a mapping, checking keys and types."""
+@dataclasses.dataclass(frozen=True)
+class ScoreConfig:
+    """Batch scoring with a logged model.
+
+    Attributes:
+        input: What to score: image shards (folder or Delta table) or a Spark
+            table name; default: the validation shards of the ``data`` section.
+        output: Where the scored rows go (Parquet folder, or a table name when
+            ``input`` is a table).
+        model_uri: MLflow model URI; default
+            ``models:/<registered_model_name>@<evaluate.alias>``.
+        image_col: Column of encoded images in ``input``.
+        batch_size: Rows per call to the model on each executor.
+    """
+
+    input: str | None = None
+    output: str | None = None
+    model_uri: str | None = None
+    image_col: str = "image"
+    batch_size: int = 64
+
+    def __post_init__(self):
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"score.batch_size must be an int >= 1, got {self.batch_size!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """The throughput and scaling benchmark (``dist-dl bench``).
+
+    Attributes:
+        model: Model name from the registry.
+        image_size: Side of the synthetic images.
+        batch_size: Images per step on each worker.
+        workers: Data-parallel workers of the scaled setup.
+        steps: Timed steps per measurement (after ``warmup_steps``).
+        warmup_steps: Untimed steps first (graph tracing, allocator warm-up).
+        rounds: Times the setups are repeated, interleaved (medians are
+            reported: shared machines are noisy).
+        threads_per_worker: TensorFlow threads of each worker.
+        fp16_allreduce: Compress gradients to float16 in the scaled setup.
+        output: JSON file the results are written to (optional).
+    """
+
+    model: str = "resnet50"
+    image_size: int = 64
+    batch_size: int = 32
+    workers: int = 2
+    steps: int = 20
+    warmup_steps: int = 5
+    rounds: int = 3
+    threads_per_worker: int = 1
+    fp16_allreduce: bool = False
+    output: str | None = None
+
+    def __post_init__(self):
+        for name in ("image_size", "batch_size", "workers", "steps", "rounds",
+                     "threads_per_worker"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"bench.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"bench.warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleConfig:
+    """An ensemble of random forests on a table (``dist-dl ensemble``).
+
+    Attributes:
+        source: ``"table"`` (the Spark table ``table``) or one of
+            scikit-learn's bundled tabular datasets: ``"sklearn_digits"``,
+            ``"sklearn_wine"``, ``"sklearn_breast_cancer"``.
+        table: Spark table (or view) name for ``source: table``.
+        feature_cols: Feature columns; default every numeric column but the label.
+        label_col: Label column.
+        num_models: Members (and partitions).
+        combine: ``"vote"`` or ``"mean"``.
+        n_estimators, max_depth: Each member's random forest.
+        validation_fraction: Rows held out to score members and ensemble.
+        seed: Seed of the split and the members.
+    """
+
+    source: str = "sklearn_digits"
+    table: str | None = None
+    feature_cols: tuple | None = None
+    label_col: str = "label"
+    num_models: int = 4
+    combine: str = "vote"
+    n_estimators: int = 50
+    max_depth: int | None = 12
+    validation_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self):
+        sources = ("table", "sklearn_digits", "sklearn_wine", "sklearn_breast_cancer")
+        if self.source not in sources:
+            raise ValueError(f"ensemble.source must be one of {sources}, got {self.source!r}")
+        if self.source == "table" and not self.table:
+            raise ValueError("ensemble.source is 'table' but ensemble.table is not set")
+        if not isinstance(self.n_estimators, int) or self.n_estimators < 1:
+            raise ValueError(f"ensemble.n_estimators must be an int >= 1, got {self.n_estimators!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Hyperparameter trials of the ``train`` settings (``dist-dl search``).
+
+    Each trial trains the ``train`` section's model on the ``data`` shards in
+    one Spark task (one process, no Horovod) with the sampled values.
+
+    Attributes:
+        space: ``train`` key -> ``{"loguniform": [low, high]}``,
+            ``{"uniform": [low, high]}``, ``{"int": [low, high]}`` or a list
+            of choices.
+        max_trials: Trials to run.
+        max_concurrent: Trials at once (one Spark task slot each).
+        algorithm: ``"random"``, ``"grid"`` or ``"tpe"`` (Optuna).
+        early_stopping: ``"median"``, ``"hyperband"`` or null.
+        epochs: Epochs per trial.
+        max_steps_per_epoch: Cap on each trial's steps per epoch.
+        seed: Seed of the sampler.
+    """
+
+    space: dict = dataclasses.field(default_factory=lambda: {
+        "learning_rate": {"loguniform": [0.001, 0.1]}, "momentum": [0.0, 0.9]})
+    max_trials: int = 8
+    max_concurrent: int = 2
+    algorithm: str = "tpe"
+    early_stopping: str | None = "median"
+    epochs: int = 3
+    max_steps_per_epoch: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.space, dict) or not self.space:
+            raise ValueError("search.space must map train keys to ranges or lists of choices")
+        unknown = sorted(set(self.space) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise ValueError(f"search.space names {unknown}, which are not keys of the train "
+                             f"section; valid: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
+        for name in ("max_trials", "max_concurrent", "epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"search.{name} must be an int >= 1, got {value!r}")
+        if self.algorithm not in ("random", "grid", "tpe"):
+            raise ValueError(f"search.algorithm must be 'random', 'grid' or 'tpe', "
+                             f"got {self.algorithm!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """One configuration file: a section per step of the pipeline."""
+
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    score: ScoreConfig = ScoreConfig()
+    bench: BenchConfig = BenchConfig()
+    ensemble: EnsembleConfig = EnsembleConfig()
+    search: SearchConfig = SearchConfig()
+
+
+# ------------------------------------------------------------------ loading
+
+def _allowed(hint) -> tuple[tuple[type, ...], bool]:
+    """(accepted types, None allowed) for a field's type hint."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        return tuple(a for a in args if a is not type(None)), type(None) in args
+    return (origin or hint,), False
+
+
+def _check_value(key: str, value: Any, hint, source: str) -> Any:
+    kinds, nullable = _allowed(hint)
+    if value is None:
+        if nullable:
+            return None
+        raise ValueError(f"{key!r} in {source} must be {_names(kinds)}, got null")
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tuple in kinds and isinstance(value, list):
+        return tuple(value)
+    if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+        raise ValueError(f"{key!r} in {source} must be {_names(kinds)}, "
+                         f"got {type(value).__name__} {value!r}")
+    return value
+
+
+def _names(kinds) -> str:
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def from_mapping(cls: type[T], values: Mapping[str, Any], source: str = "configuration",
+                 prefix: str = "") -> T:
+    """Build ``cls`` from a mapping, checking keys and types; a field whose
+    type is itself a config dataclass takes a nested mapping (a section)."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{prefix.rstrip('.') or 'the configuration'} in {source} must be a "
+                         f"mapping of keys to values, got {type(values).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     unknown = [k for k in values if k not in fields]
     if unknown:
         key = unknown[0]
-        close = difflib.get_close_matches(key, list(fields), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown key {key!r} in {source}{hint}; valid keys for {cls.__name__}: "
-                         f"{', '.join(fields)}")
+        close = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown key {prefix + str(key)!r} in {source}{hint}; valid keys"
+                         f"{' of ' + prefix.rstrip('.') if prefix else ''}: {', '.join(fields)}")
     checked = {}
     for key, value in values.items():
-        expected = hints[key]
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(expected, type) and (not isinstance(value, expected)
-                                           or (expected is int and isinstance(value, bool))):
-            raise ValueError(f"{key!r} in {source} must be {expected.__name__}, "
-                             f"got {type(value).__name__} {value!r}")
-        checked[key] = value
-    return cls(**checked)
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            checked[key] = from_mapping(hint, value, source, prefix=f"{prefix}{key}.")
+        else:
+            checked[key] = _check_value(f"{prefix}{key}", value, hint, source)
+    try:
+        return cls(**checked)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in {source})") from None
+
+
+def config_names() -> list[str]:
+    """The configurations shipped with the package (``conf/*.yaml``)."""
+    folder = _shipped()
+    return sorted(p[:-5] for p in os.listdir(folder) if p.endswith(".yaml")) if folder else []
+
+
+def _shipped() -> str | None:
+    try:
+        import dist_dl.conf as conf
+    except ImportError:
+        return None
+    return list(conf.__path__)[0]
+
+
+def config_path(name: str | os.PathLike) -> str:
+    """The file for ``name``: an existing path, or the name of a shipped
+    configuration (``"demo"`` -> ``conf/demo.yaml``)."""
+    text = os.fspath(name)
+    if os.path.isfile(text):
+        return text
+    folder = _shipped()
+    if folder and os.sep not in text and not text.endswith((".yaml", ".yml")):
+        candidate = os.path.join(folder, f"{text}.yaml")
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(f"no configuration {text!r}: give a YAML file's path or one of the "
+                            f"shipped names ({', '.join(config_names()) or 'none found'})")
+
+
+def parse_overrides(items) -> dict[str, Any]:
+    """``["train.epochs=3", "tracking.run_name=x"]`` to a mapping; values are
+    read as YAML scalars (``3`` is an int, ``true`` a bool, ``null`` None)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        out[key.strip()] = yaml.safe_load(text) if text.strip() else ""
+    return out
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key!r} goes inside {part!r}, which is a value")
+        node[leaf] = value
+    return nested
+
+
+def _merge(base: dict, extra: Mapping) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def load_config(cls: type[T], path: str | os.PathLike | None = None,
                 overrides: Mapping[str, Any] | None = None) -> T:
-    """Load ``cls`` from a YAML file (optional), then apply ``overrides``
-    (values that are None are ignored, so unset command-line flags keep the
-    file's values)."""
+    """Load ``cls`` from a YAML file (a path or a shipped name; optional),
+    then apply ``overrides``.
+
+    Overrides may be nested mappings or dotted keys (``{"train.epochs": 3}``);
+    values that are None are ignored, so unset command-line flags keep the
+    file's values.
+    """
     import yaml
 
     values: dict[str, Any] = {}
+    source = "overrides"
     if path is not None:
-        with open(path) as f:
+        source = config_path(path)
+        with open(source) as f:
             loaded = yaml.safe_load(f) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold a mapping of keys to values, got {type(loaded).__name__}")
-        values.update(loaded)
-        from_mapping(cls, values, source=str(path))  # report the file's own errors as such
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return from_mapping(cls, values, source=str(path) if path else "overrides")
+            raise ValueError(f"{source} must hold a mapping of keys to values, "
+                             f"got {type(loaded).__name__}")
+        values = loaded
+        from_mapping(cls, values, source=source)  # report the file's own errors as such
+    given = _nest({k: v for k, v in (overrides or {}).items() if v is not None})
+    if given:
+        values = _merge(values, given)
+        source = f"{source} with overrides" if path is not None else source
+    return from_mapping(cls, values, source=source)
+
+
+def to_dict(config) -> dict[str, Any]:
+    """A config as plain nested values (for MLflow params and YAML)."""
+    return dataclasses.asdict(config)

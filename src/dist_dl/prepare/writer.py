@@ -455,6 +455,10 @@ def _write(spark, good, output, out_path, fmt, mode, config) -> int | None:
         return (frame.write.option("maxRecordsPerFile", rows)
                 .option("parquet.block.size", str(1 << 30)).option("compression", "snappy"))
 
+    # Spark resolves a relative path against its JVM's working directory,
+    # which need not be this process's: give it the absolute location.
+    if not str(output).startswith("dbfs:") and "://" not in str(output):
+        output = "file://" + out_path
     if fmt == "parquet":
         if mode == "overwrite" and os.path.isdir(out_path):
             clear_parquet_output(out_path)

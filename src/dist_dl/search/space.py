@@ -71,14 +71,32 @@ class Choice:
                                  "booleans or None (they go to MLflow as params)")
 
 
+_KINDS = {"uniform": Uniform, "loguniform": LogUniform, "int": IntRange}
+
+
+def _from_mapping(name: str, spec: Mapping[str, Any]):
+    """``{"loguniform": [low, high]}`` (the form YAML configurations use)."""
+    if len(spec) != 1 or next(iter(spec)) not in _KINDS:
+        raise ValueError(f"space[{name!r}] = {dict(spec)!r}: write one of "
+                         f"{{{', '.join(f'{k}: [low, high]' for k in _KINDS)}}} or a list of options")
+    kind, bounds = next(iter(spec.items()))
+    if not isinstance(bounds, (list, tuple)) or not 2 <= len(bounds) <= (3 if kind == "int" else 2):
+        raise ValueError(f"space[{name!r}]: {kind} takes [low, high]"
+                         f"{' or [low, high, step]' if kind == 'int' else ''}, got {bounds!r}")
+    return _KINDS[kind](*bounds)
+
+
 def normalize_space(space: Mapping[str, Any]) -> dict:
-    """The space with lists turned into ``Choice`` and every entry checked."""
+    """The space with lists turned into ``Choice``, ``{"loguniform": [low,
+    high]}``-style mappings into distributions, and every entry checked."""
     if not space:
         raise ValueError("space is empty: give at least one hyperparameter")
     out = {}
     for name, dist in space.items():
         if isinstance(dist, (list, tuple)):
             dist = Choice(tuple(dist))
+        elif isinstance(dist, Mapping):
+            dist = _from_mapping(str(name), dist)
         if not isinstance(dist, (Uniform, LogUniform, IntRange, Choice)):
             raise ValueError(f"space[{name!r}] = {dist!r}: use Uniform, LogUniform, IntRange, "
                              "Choice or a list of options")

@@ -1,0 +1,125 @@
+"""Training in one process, without Horovod: the single-node baseline, and the
+body of each hyperparameter trial (which runs inside one Spark task).
+
+The same reader, model registry and learning-rate schedule as the
+data-parallel loop (``worker.py``), so a baseline and a distributed run of one
+configuration differ only in the number of workers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from dist_dl.train.config import TrainConfig
+
+__all__ = ["train_single"]
+
+
+def train_single(config: TrainConfig, data, validation=None, *, model=None,
+                 report: Callable[[float], None] | None = None) -> dict:
+    """Train ``config``'s model on shards in this process.
+
+    Args:
+        config: Training settings; ``num_workers`` and ``backend`` are ignored
+            (one process), the learning rate is not scaled.
+        data: Image shards (folder, Delta table or list of Parquet file URLs).
+        validation: Validation shards, or None (no validation pass).
+        model: A registry name or builder; default ``config.model``.
+        report: Called with each epoch's validation accuracy (training
+            accuracy without validation data); may raise to stop the run
+            early (a search's stopping rule does).
+
+    Returns:
+        ``{"history": {metric: [per epoch]}, "val_accuracy": last or None,
+        "images_per_second": steady-state training throughput,
+        "model": the Keras model}``.
+    """
+    import tensorflow as tf
+
+    from dist_dl.read import ReaderConfig, make_dataset, plan_shards
+    from dist_dl.train.models import build_model
+    from dist_dl.train.schedule import WarmupScaledSchedule
+
+    cfg = dataclasses.replace(config, num_workers=1)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    tf.keras.utils.set_random_seed(cfg.seed)
+    classes = cfg.classes or _classes_of(data)
+    plan = plan_shards(data, 1, cfg.batch_size, classes=classes)
+    steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
+    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
+                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
+                          shuffle_buffer=cfg.shuffle_buffer,
+                          reader_threads=1 if cfg.deterministic else cfg.reader_threads)
+    train_data = make_dataset(list(plan.files), 0, 1, cfg.batch_size, training=cfg.augment,
+                              shuffle=cfg.shuffle, config=reader,
+                              steps_per_epoch=plan.steps_per_epoch, seed=cfg.seed,
+                              cache_dir=cfg.cache_dir, with_weights=True)
+    keras_model = build_model(model if model is not None else cfg.model,
+                              (cfg.image_size, cfg.image_size, 3), classes)
+    schedule = WarmupScaledSchedule(
+        cfg.learning_rate, 1, steps, min(cfg.warmup_epochs, cfg.epochs),
+        total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+    keras_model.compile(tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
+                        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        weighted_metrics=["accuracy"])
+    fit_kwargs = {}
+    if validation is not None:
+        val_plan = plan_shards(validation, 1, cfg.batch_size, classes=classes)
+        fit_kwargs = dict(validation_data=make_dataset(
+            list(val_plan.files), 0, 1, cfg.batch_size, training=False, config=reader,
+            steps_per_epoch=val_plan.steps_per_epoch, with_weights=True),
+            validation_steps=val_plan.steps_per_epoch)
+    timer = _Throughput(tf, cfg.batch_size)
+    callbacks = [timer]
+    if report is not None:
+        key = "val_accuracy" if validation is not None else "accuracy"
+        callbacks.append(tf.keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: report(float(logs[key]))))
+    history = keras_model.fit(train_data, epochs=cfg.epochs, steps_per_epoch=steps,
+                              callbacks=callbacks, verbose=0, **fit_kwargs).history
+    history = {k: [float(v) for v in values] for k, values in history.items()}
+    return {"history": history,
+            "val_accuracy": history["val_accuracy"][-1] if "val_accuracy" in history else None,
+            "images_per_second": timer.steady(), "model": keras_model}
+
+
+def _classes_of(data) -> int:
+    from dist_dl.prepare import load_label_index
+    from dist_dl.read.resolve import to_url
+
+    url = to_url(data) if isinstance(data, str) else None
+    if url is None or not url.startswith("file://"):
+        raise ValueError("set classes= in the train settings: the number of classes can only "
+                         "be read from a local dataset's label index")
+    return len(load_label_index(url[len("file://"):]))
+
+
+def _Throughput(tf, batch_size: int):
+    """Training images per second (up to each epoch's last step, so not the
+    validation pass) over every epoch but the first (which traces the graph
+    and fills the input pipeline), or over the first if it is alone."""
+
+    class Throughput(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = self._last = time.perf_counter()
+            self._steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._steps += 1
+            self._last = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append((self._steps * batch_size, self._last - self._start))
+
+        def steady(self) -> float:
+            timed = self.epochs[1:] or self.epochs
+            images, seconds = sum(i for i, _ in timed), sum(s for _, s in timed)
+            return images / seconds if seconds > 0 else 0.0
+
+    return Throughput()
