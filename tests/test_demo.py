@@ -30,3 +30,12 @@ def test_demo_pipeline_prepares_trains_registers_evaluates_and_scores(spark, tmp
     scored = spark.read.parquet(str(tmp_path / "runs" / "scored")).toPandas()
     assert len(scored) == 363 and {"prediction", "probability", "label"} <= set(scored.columns)
     assert (scored["prediction"] == scored["label"]).mean() >= 0.9
+
+    # The gate: a model below evaluate.min_accuracy is not promoted, and the
+    # step fails (a workflow's score task does not run).
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--config", "demo", "--set", "evaluate.min_accuracy=1.0",
+              "--set", "evaluate.alias=perfect"])
+    assert exit_info.value.code == 1
+    assert "below evaluate.min_accuracy=1.0: not promoted" in capsys.readouterr().err
+    assert "perfect" not in client.get_registered_model("digits_small_cnn").aliases

@@ -55,6 +55,7 @@ class TrainConfig:
             Spark tasks on a cluster.
         threads_per_worker: CPU threads per worker (default: the host's cores
             shared evenly).
+        pin_cpus: Pin each worker to its own share of the host's cores.
         timeout: Seconds one attempt may run (None: no limit).
         max_retries: Attempts after a failed one (a worker killed, a lost
             executor, a timeout); each resumes from the last checkpoint.
@@ -89,6 +90,15 @@ class TrainConfig:
         mixed_precision: ``"auto"`` (default): float16 compute on GPUs,
             float32 on CPUs; ``"on"`` or ``"off"`` to force.
         fp16_allreduce: Compress gradients to float16 for the allreduce.
+        backward_passes_per_step: Accumulate gradients of this many batches
+            locally before one allreduce and update (fewer allreduces per
+            image; the update sees ``batch_size * backward_passes_per_step``
+            images per worker).
+        cycle_time_ms: Horovod's cycle time (``HOROVOD_CYCLE_TIME``): how long
+            its background thread waits to batch tensors into one allreduce;
+            None: Horovod's default (1 ms in 0.28.1).
+        fusion_threshold_mb: Horovod's tensor fusion buffer
+            (``HOROVOD_FUSION_THRESHOLD``); None: Horovod's default (128 MB).
         seed: Seed of weights, shuffling and augmentation.
         deterministic: Deterministic TensorFlow ops and a single reader
             thread (fixed row order): bit-for-bit repeatable runs, slower.
@@ -113,6 +123,7 @@ class TrainConfig:
     num_workers: int = 2
     backend: str = "auto"
     threads_per_worker: int | None = None
+    pin_cpus: bool = False
     timeout: float | None = None
     max_retries: int = 2
 
@@ -136,6 +147,9 @@ class TrainConfig:
 
     mixed_precision: str = "auto"
     fp16_allreduce: bool = False
+    backward_passes_per_step: int = 1
+    cycle_time_ms: float | None = None
+    fusion_threshold_mb: int | None = None
     seed: int = 0
     deterministic: bool = False
 
@@ -155,14 +169,16 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.classes must be None or an int >= 2, got {self.classes!r}")
         _number("validation_fraction", self.validation_fraction, 0.0, 0.5)
         for name in ("num_workers", "epochs", "batch_size", "shuffle_buffer", "reader_threads",
-                     "keep_checkpoints"):
+                     "keep_checkpoints", "backward_passes_per_step"):
             _positive_int(name, getattr(self, name))
-        for name in ("threads_per_worker", "max_steps_per_epoch"):
+        for name in ("threads_per_worker", "max_steps_per_epoch", "fusion_threshold_mb"):
             _positive_int(name, getattr(self, name), allow_none=True)
         if self.backend not in BACKENDS:
             raise ValueError(f"TrainConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.timeout is not None:
             _number("timeout", self.timeout, 0.0, low_open=True)
+        if self.cycle_time_ms is not None:
+            _number("cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
         if not isinstance(self.max_retries, int) or isinstance(self.max_retries, bool) \
                 or self.max_retries < 0:
             raise ValueError(f"TrainConfig.max_retries must be an int >= 0, got {self.max_retries!r}")
@@ -179,8 +195,17 @@ class TrainConfig:
                              f"got {self.mixed_precision!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"TrainConfig.seed must be an int, got {self.seed!r}")
+
+    def horovod_env(self) -> dict[str, str]:
+        """The Horovod settings of this configuration, as worker environment."""
+        env = {}
+        if self.cycle_time_ms is not None:
+            env["HOROVOD_CYCLE_TIME"] = str(float(self.cycle_time_ms))
+        if self.fusion_threshold_mb is not None:
+            env["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_mb * 1024 * 1024)
+        return env
         for name in ("scale_learning_rate", "augment", "shuffle", "flip", "fp16_allreduce",
-                     "deterministic"):
+                     "deterministic", "pin_cpus"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TrainConfig.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")

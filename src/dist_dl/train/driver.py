@@ -65,7 +65,11 @@ class TrainedModel:
             order: epochs ``initial_epoch + 1`` to the last (training ``loss``
             and ``accuracy`` averaged over workers, ``val_loss`` and
             ``val_accuracy`` over all validation rows, ``learning_rate``,
-            ``images_per_second``, ``epoch_seconds``).
+            ``train_images_per_second`` (all workers, training steps only,
+            the epoch's first step left out), ``train_cpu_per_second`` (rank
+            0's CPU seconds per wall second over those steps),
+            ``images_per_second`` and ``epoch_seconds`` (whole epochs, with
+            validation and checkpointing)).
         initial_epoch: Epochs already done when this run started (resumed
             from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
         num_workers: Workers that trained it.
@@ -497,7 +501,7 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
 
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
     runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                           spark=spark)
+                           pin_cpus=cfg.pin_cpus, env=cfg.horovod_env(), spark=spark)
     attempt = 0
     while True:
         attempt += 1

@@ -8,7 +8,6 @@ configuration differ only in the number of workers.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Callable
 
 from dist_dl.train.config import TrainConfig
@@ -32,7 +31,8 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
 
     Returns:
         ``{"history": {metric: [per epoch]}, "val_accuracy": last or None,
-        "images_per_second": steady-state training throughput,
+        "images_per_second": training throughput (steps only, epochs after
+        the first), 
         "model": the Keras model}``.
     """
     import tensorflow as tf
@@ -40,6 +40,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     from dist_dl.read import ReaderConfig, make_dataset, plan_shards
     from dist_dl.train.models import build_model
     from dist_dl.train.schedule import WarmupScaledSchedule
+    from dist_dl.train.timing import step_timer
 
     cfg = dataclasses.replace(config, num_workers=1)
     if cfg.deterministic:
@@ -71,7 +72,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
             list(val_plan.files), 0, 1, cfg.batch_size, training=False, config=reader,
             steps_per_epoch=val_plan.steps_per_epoch, with_weights=True),
             validation_steps=val_plan.steps_per_epoch)
-    timer = _Throughput(tf, cfg.batch_size)
+    timer = step_timer(cfg.batch_size)
     callbacks = [timer]
     if report is not None:
         key = "val_accuracy" if validation is not None else "accuracy"
@@ -82,7 +83,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     history = {k: [float(v) for v in values] for k, values in history.items()}
     return {"history": history,
             "val_accuracy": history["val_accuracy"][-1] if "val_accuracy" in history else None,
-            "images_per_second": timer.steady(), "model": keras_model}
+            "images_per_second": _steady(timer.rates), "model": keras_model}
 
 
 def _classes_of(data) -> int:
@@ -96,30 +97,8 @@ def _classes_of(data) -> int:
     return len(load_label_index(url[len("file://"):]))
 
 
-def _Throughput(tf, batch_size: int):
-    """Training images per second (up to each epoch's last step, so not the
-    validation pass) over every epoch but the first (which traces the graph
-    and fills the input pipeline), or over the first if it is alone."""
-
-    class Throughput(tf.keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.epochs = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._start = self._last = time.perf_counter()
-            self._steps = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._steps += 1
-            self._last = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.epochs.append((self._steps * batch_size, self._last - self._start))
-
-        def steady(self) -> float:
-            timed = self.epochs[1:] or self.epochs
-            images, seconds = sum(i for i, _ in timed), sum(s for _, s in timed)
-            return images / seconds if seconds > 0 else 0.0
-
-    return Throughput()
+def _steady(rates: list) -> float | None:
+    """The mean rate of every epoch but the first (graph tracing, caches
+    warming up), or the first if it is alone."""
+    known = [r for r in rates[1:] if r is not None] or [r for r in rates[:1] if r is not None]
+    return sum(known) / len(known) if known else None

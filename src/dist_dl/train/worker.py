@@ -84,6 +84,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     from dist_dl.tracking import MlflowEpochLogger
     from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
     from dist_dl.train.schedule import WarmupScaledSchedule
+    from dist_dl.train.timing import step_timer
 
     hvd.init()
     cfg = spec.config
@@ -111,7 +112,9 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
-        compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none)
+        compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=cfg.backward_passes_per_step,
+        average_aggregated_gradients=True)
     if mixed:
         # Loss scaling outside the allreduce: the scaled gradients are averaged
         # (a linear operation), then unscaled and checked for overflow, with
@@ -134,7 +137,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         val_data = make_dataset(list(spec.val_files), rank, size, cfg.batch_size, training=False,
                                 config=reader, steps_per_epoch=spec.val_steps, with_weights=True)
         callbacks.append(_validation_callback(tf, hvd, val_data, spec.val_steps))
-    callbacks.append(_learning_rate_callback(tf, schedule))
+    callbacks += [_learning_rate_callback(tf, schedule), step_timer(cfg.batch_size * size)]
     if rank == 0:
         callbacks += [
             CheckpointCallback(manager, metadata={"run_id": spec.run_id}),

@@ -1,0 +1,77 @@
+"""Overhead and scaling of train_distributed, and the levers, side by side.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/train.py [--rounds 3] [--steps 20] [--quick]
+
+Runs dist_dl.bench.run_benchmark (see its docstring for the setups) for
+ResNet50 on 64x64 synthetic images, batch 32 per worker, two workers, with
+these levers as extra distributed setups, each against the same ceiling:
+
+- batch64: 64 images per worker per step (learning rate scaled with it);
+- fp16: gradients compressed to float16 for the allreduce;
+- cycle5: HOROVOD_CYCLE_TIME 5 ms (fewer, larger fused allreduces);
+- bpps2: gradients of 2 batches accumulated before each allreduce;
+- pinned: each worker pinned to its own core;
+- spark: the workers as Spark tasks on local[2] (horovod.spark.run) instead
+  of processes.
+
+Prints a table and writes the full record to benchmarks/train-<time>.json
+(not committed); benchmarks/RESULTS.md holds the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from dist_dl.bench import run_benchmark
+from dist_dl.config import BenchConfig
+
+LEVERS = {
+    "batch64": {"batch_size": 64, "learning_rate": 0.025},
+    "fp16": {"fp16_allreduce": True},
+    "cycle5": {"cycle_time_ms": 5.0},
+    "bpps2": {"backward_passes_per_step": 2},
+    "pinned": {"pin_cpus": True},
+    "spark": {"backend": "spark"},
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--levers", default=",".join(LEVERS),
+                        help=f"comma-separated subset of {', '.join(LEVERS)} (or 'none')")
+    parser.add_argument("--quick", action="store_true",
+                        help="small_cnn at 16 px, 3 steps, 1 round: checks the script runs")
+    args = parser.parse_args(argv)
+    chosen = [] if args.levers == "none" else args.levers.split(",")
+    unknown = sorted(set(chosen) - set(LEVERS))
+    if unknown:
+        parser.error(f"unknown levers {unknown}; choose from {', '.join(LEVERS)}")
+    cfg = BenchConfig(model=args.model, image_size=64, batch_size=32, workers=2,
+                      steps=args.steps, warmup_steps=args.warmup_steps, rounds=args.rounds,
+                      threads_per_worker=1,
+                      output=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                          f"train-{time.strftime('%Y%m%d-%H%M%S')}.json"))
+    if args.quick:
+        cfg = BenchConfig(model="small_cnn", image_size=16, steps=3, warmup_steps=1, rounds=1,
+                          output=None)
+    spark = None
+    if "spark" in chosen:
+        from dist_dl.session import get_spark
+
+        spark = get_spark("local[2]")
+    print(f"load average before: {os.getloadavg()}")
+    run_benchmark(cfg, spark=spark, variants={name: LEVERS[name] for name in chosen})
+    print(f"load average after: {os.getloadavg()}")
+    if cfg.output:
+        print(f"full record: {cfg.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Step timing inside a training process: training throughput and CPU use.
+
+Throughput is measured between training steps' ends, so an epoch's first
+step (graph tracing, filling the input pipeline) and its end-of-epoch work
+(validation, checkpoints, logging) are left out: the steady-state rate of
+the training loop itself. CPU seconds per wall second over the same steps
+show idle time (a worker waiting on input or on its peers uses less than
+its threads could).
+"""
+from __future__ import annotations
+
+import time
+
+__all__ = ["StepTimes", "step_timer"]
+
+
+class StepTimes:
+    """Ends of training steps: wall-clock and this process's CPU seconds."""
+
+    def __init__(self):
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def record(self) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+
+    def clear(self) -> None:
+        self.wall.clear()
+        self.cpu.clear()
+
+    def _window(self, skip: int) -> tuple[int, float] | None:
+        """(steps timed, seconds) for the steps after the first ``skip``: the
+        end of step ``skip - 1`` starts the clock."""
+        if not isinstance(skip, int) or skip < 1:
+            raise ValueError(f"skip must be an int >= 1 (the end of a step starts the clock), "
+                             f"got {skip!r}")
+        steps = len(self.wall) - skip
+        seconds = self.wall[-1] - self.wall[skip - 1] if steps >= 1 else 0.0
+        return (steps, seconds) if steps >= 1 and seconds > 0 else None
+
+    def rate(self, images_per_step: int, skip: int = 1) -> float | None:
+        """Images per second over the steps after the first ``skip`` (None if
+        there are none)."""
+        window = self._window(skip)
+        return None if window is None else window[0] * images_per_step / window[1]
+
+    def cpu_per_second(self, skip: int = 1) -> float | None:
+        """This process's CPU seconds per wall second over the same steps."""
+        window = self._window(skip)
+        if window is None:
+            return None
+        return (self.cpu[-1] - self.cpu[skip - 1]) / window[1]
+
+    def to_dict(self) -> dict:
+        return {"wall": list(self.wall), "cpu": list(self.cpu)}
+
+
+def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
+    """A Keras callback that times every epoch's training steps.
+
+    At each epoch's end it appends the epoch's :meth:`StepTimes.rate` and
+    :meth:`StepTimes.cpu_per_second` to ``.rates`` and ``.cpu``, and (unless
+    ``logs_prefix`` is None) puts them in the epoch's logs as
+    ``<prefix>images_per_second`` and ``<prefix>cpu_per_second``. ``.times``
+    holds the current epoch's step ends.
+    """
+    import tensorflow as tf
+
+    class StepTimer(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = StepTimes()
+            self.rates: list[float | None] = []
+            self.cpu: list[float | None] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.times.clear()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.record()
+
+        def on_epoch_end(self, epoch, logs=None):
+            rate, cpu = self.times.rate(images_per_step), self.times.cpu_per_second()
+            self.rates.append(rate)
+            self.cpu.append(cpu)
+            if logs is not None and logs_prefix is not None:
+                if rate is not None:
+                    logs[f"{logs_prefix}images_per_second"] = rate
+                if cpu is not None:
+                    logs[f"{logs_prefix}cpu_per_second"] = cpu
+
+    return StepTimer()
