@@ -66,3 +66,21 @@ def wrong_units(input_shape, classes):
 
     return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),
                                 tf.keras.layers.Dense(classes + 1)])
+
+
+class EnvProbe:
+    """Callback factory: each worker writes whether environment variable
+    ``name`` holds ``expected`` ("present" or "absent", never the value) to
+    ``<prefix>-rank<r>``."""
+
+    def __init__(self, prefix: str, name: str, expected: str):
+        self.prefix, self.name, self.expected = prefix, name, expected
+
+    def __call__(self):
+        import horovod.tensorflow.keras as hvd
+        import tensorflow as tf
+
+        seen = "present" if os.environ.get(self.name) == self.expected else "absent"
+        with open(f"{self.prefix}-rank{hvd.rank()}", "w") as f:
+            f.write(seen)
+        return [tf.keras.callbacks.Callback()]
