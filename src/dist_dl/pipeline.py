@@ -22,6 +22,7 @@ import tempfile
 from typing import Any
 
 from dist_dl.config import PipelineConfig
+from dist_dl.locations import spark_path
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
            "run_pipeline", "GateFailed"]
@@ -40,18 +41,9 @@ def _spark(master: str | None, spark=None):
 
 
 def _tracking_uri(config: PipelineConfig) -> str | None:
-    uri = config.tracking.tracking_uri
-    if uri and "://" not in uri and not uri.startswith(("databricks", "file:", "sqlite:")):
-        return "file://" + os.path.abspath(uri)  # a folder: the local file store
-    return uri
+    from dist_dl.tracking.target import absolute_tracking_uri
 
-
-def _spark_path(location: str) -> str:
-    """``location`` for Spark: a relative local path would resolve against the
-    JVM's working directory, which need not be this process's."""
-    if location.startswith("dbfs:") or "://" in location:
-        return location
-    return "file://" + os.path.abspath(location)
+    return absolute_tracking_uri(config.tracking.tracking_uri)
 
 
 def _has_shards(location: str) -> bool:
@@ -280,7 +272,7 @@ def score(config: PipelineConfig, *, master: str | None = None, spark=None,
         result.write.mode("overwrite").saveAsTable(output)
         rows = spark.read.table(output).count()
     else:
-        output = _spark_path(output)
+        output = spark_path(output)
         result.write.mode("overwrite").parquet(output)
         rows = spark.read.parquet(output).count()
     print(f"dist_dl score: {rows} rows scored with {model_uri} -> {output}")

@@ -19,19 +19,6 @@ MODES = ("error", "overwrite", "append")
 FORMATS = ("parquet", "delta")
 
 
-def local_path(location: str) -> str:
-    """A path the driver can open for ``location`` (path, file: URL, dbfs:/)."""
-    location = str(location)
-    if location.startswith("dbfs:/"):
-        return "/dbfs/" + location[len("dbfs:/"):].lstrip("/")
-    if location.startswith("file:"):
-        return "/" + location[len("file:"):].lstrip("/")
-    if "://" in location:
-        raise ValueError(f"output {location!r}: only local paths, file:// URLs and dbfs:/ paths "
-                         "are supported for writing shards")
-    return os.path.abspath(location)
-
-
 def is_delta_table(path: str) -> bool:
     return os.path.isdir(os.path.join(path, "_delta_log"))
 

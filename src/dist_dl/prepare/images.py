@@ -91,11 +91,10 @@ def _as_rgb(img):
 def read_source(path: str) -> bytes:
     """Bytes of the file at ``path`` (a local path, ``file:``, ``dbfs:/`` or
     any URI pyarrow has a filesystem for). Raises ``OSError`` if unreadable."""
-    if path.startswith("dbfs:/"):
-        # Databricks mounts DBFS on every node under /dbfs (the FUSE mount).
-        path = "/dbfs/" + path[len("dbfs:/"):].lstrip("/")
-    elif path.startswith("file:"):
-        path = "/" + path[len("file:"):].lstrip("/")
+    from dist_dl.locations import is_remote, local_path
+
+    if not is_remote(path):
+        path = local_path(path)
     if "://" in path:
         from pyarrow import fs
 

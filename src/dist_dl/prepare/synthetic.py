@@ -5,8 +5,9 @@ import io
 import os
 import uuid
 
+from dist_dl.locations import local_path
 from dist_dl.prepare._output import check_destination, clear_parquet_output, commit_delta, \
-    is_delta_table, local_path, write_json
+    is_delta_table, write_json
 from dist_dl.prepare.labels import save_label_index
 from dist_dl.prepare.schema import SUMMARY_FILE, arrow_schema
 
@@ -52,7 +53,7 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if not isinstance(jpeg_quality, int) or not 1 <= jpeg_quality <= 95:
         raise ValueError(f"jpeg_quality must be an int in [1, 95], got {jpeg_quality!r}")
-    path = local_path(output)
+    path = local_path(output, "output")
     check_destination(path, format, mode)
     if format == "parquet" and mode == "overwrite" and os.path.isdir(path):
         clear_parquet_output(path)

@@ -12,8 +12,9 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 
+from dist_dl.locations import local_path, spark_path
 from dist_dl.prepare._output import (check_destination, clear_parquet_output, commit_delta,
-                                     is_delta_table, local_path, spark_has_delta, write_json)
+                                     is_delta_table, spark_has_delta, write_json)
 from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
@@ -140,7 +141,7 @@ def prepare_image_dataset(
         raise ValueError(f"config must be a ShardConfig, got {type(config).__name__}")
     if classes is not None and (not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int, got {classes!r}")
-    out_path = local_path(output)
+    out_path = local_path(output, "output")
     check_destination(out_path, format, mode)
     spark = spark or (dataframe.sparkSession if dataframe is not None else get_spark())
 
@@ -455,10 +456,7 @@ def _write(spark, good, output, out_path, fmt, mode, config) -> int | None:
         return (frame.write.option("maxRecordsPerFile", rows)
                 .option("parquet.block.size", str(1 << 30)).option("compression", "snappy"))
 
-    # Spark resolves a relative path against its JVM's working directory,
-    # which need not be this process's: give it the absolute location.
-    if not str(output).startswith("dbfs:") and "://" not in str(output):
-        output = "file://" + out_path
+    output = spark_path(output)
     if fmt == "parquet":
         if mode == "overwrite" and os.path.isdir(out_path):
             clear_parquet_output(out_path)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from dist_dl.locations import is_remote, local_path
+
 __all__ = ["resolve_files", "to_url"]
 
 
@@ -16,16 +18,13 @@ def to_url(location: str) -> str:
     (``hdfs://``, ``s3://``, ``gs://``, ...) pass through.
     """
     location = str(location)
-    if location.startswith("dbfs:/"):
-        return "file:///dbfs/" + location[len("dbfs:/"):].lstrip("/")
-    if location.startswith("file:"):
-        return "file:///" + location[len("file:"):].lstrip("/")
-    if "://" in location:
+    if is_remote(location):
         return location
-    if not os.path.exists(location):
+    path = local_path(location)
+    if not location.startswith(("file:", "dbfs:")) and not os.path.exists(path):
         raise FileNotFoundError(f"dataset {location!r} does not exist (a local path; for other "
                                 "storage pass a URL such as hdfs://... or s3://...)")
-    return "file://" + os.path.abspath(location)
+    return "file://" + path
 
 
 def _local(url: str) -> str | None:

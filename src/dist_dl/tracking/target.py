@@ -12,8 +12,25 @@ to ``mlflow.start_run(experiment_id=...)``.
 from __future__ import annotations
 
 import contextlib
+import os
 
-__all__ = ["mlflow_target", "experiment_id"]
+__all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri"]
+
+
+def absolute_tracking_uri(uri: str | None) -> str | None:
+    """A local file store as an absolute ``file://`` URI; anything else as given.
+
+    Workers and Spark tasks run in other working directories, so a relative
+    store (``runs/mlruns``, ``file:runs/mlruns``) would be a different folder
+    for each of them.
+    """
+    if uri is None or uri.split(":")[0] in ("databricks", "databricks-uc"):
+        return uri  # the workspace's tracking server (databricks, databricks://profile)
+    if uri.startswith("file:") and not uri.startswith("file:///"):
+        return "file://" + os.path.abspath(uri[len("file:"):])
+    if ":" not in uri.split("/")[0]:  # a path, not a scheme (databricks, sqlite:, http:...)
+        return "file://" + os.path.abspath(uri)
+    return uri
 
 
 def experiment_id(name: str | None, client=None) -> str:

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dist_dl.locations import local_path
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_distributed", "TrainedModel", "TrainingFailed"]
@@ -183,7 +184,7 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     if callbacks is not None and not callable(callbacks):
         raise ValueError("callbacks must be a function that returns a list of Keras callbacks "
                          "(it runs in every worker)")
-    output_dir = _fs_path(cfg.output_dir)
+    output_dir = local_path(cfg.output_dir, "output_dir")
     spark = spark or _session_of(data) or _session_of(validation)
 
     train_url, val_url, rows, disposable = _resolve_inputs(data, validation, cfg, output_dir,
@@ -202,7 +203,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from dist_dl.tracking.target import mlflow_target
+    from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target
 
     classes, class_names = _classes(train_url, cfg)
     plan = _plan(train_url, cfg, classes, "data")
@@ -214,7 +215,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
 
         spark = get_spark()
 
-    uri = _absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
+    uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
     with mlflow_target(uri, experiment) as experiment_id:
         client = MlflowClient(uri)
         name = run_name or (builder if isinstance(builder, str) else
@@ -222,7 +223,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
         run = client.create_run(experiment_id, run_name=name,
                                 tags={"dist_dl.entry": "train_distributed"})
     run_id = run.info.run_id
-    checkpoint_dir = _fs_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else \
+    checkpoint_dir = local_path(cfg.checkpoint_dir, "checkpoint_dir") if cfg.checkpoint_dir else \
         os.path.join(output_dir, "checkpoints", run_id)
     _log_params(client, run_id, cfg, builder, backend, train_url, val_url, plan, val_plan,
                 train_steps, classes, rows, checkpoint_dir)
@@ -277,30 +278,6 @@ def _model_names() -> tuple:
     from dist_dl.train.models import MODEL_NAMES
 
     return MODEL_NAMES
-
-
-def _fs_path(location: str) -> str:
-    """An absolute file-system path every worker can use (``dbfs:/x`` is the
-    ``/dbfs/x`` FUSE mount on Databricks nodes)."""
-    location = str(location)
-    if location.startswith("dbfs:/"):
-        return "/dbfs/" + location[len("dbfs:/"):].lstrip("/")
-    if location.startswith("file:"):
-        location = "/" + location[len("file:"):].lstrip("/")
-    if "://" in location:
-        raise ValueError(f"{location!r}: output_dir and checkpoint_dir must be file-system "
-                         "paths every worker can reach (on Databricks /dbfs/... or /Volumes/...)")
-    return os.path.abspath(location)
-
-
-def _absolute_tracking_uri(uri: str) -> str:
-    """Workers run elsewhere (Spark tasks have their own working directory):
-    a relative local store becomes absolute."""
-    if uri.startswith("file:") and not uri.startswith("file:///"):
-        return "file://" + os.path.abspath(uri[len("file:"):])
-    if "://" not in uri and ":" not in uri.split("/")[0]:
-        return "file://" + os.path.abspath(uri)
-    return uri
 
 
 def _session_of(data):
