@@ -181,3 +181,29 @@ def test_binary_file_paths_and_a_flat_validation_set_with_a_label_list(spark, tm
                                     label_index=str(tmp_path / "train_shards"), spark=spark)
     assert summary.rows_written == 6
     assert all(r["source_id"].startswith("file:") for r in _rows(str(tmp_path / "from_paths")))
+
+
+@pytest.mark.timeout(600)
+def test_prepare_data_command_writes_a_tree_and_its_validation_folder_as_delta(spark, tmp_path):
+    from dist_dl.cli import main
+    from dist_dl.read import resolve_files
+
+    write_imagenet_tree(str(tmp_path / "train"), per_class=2, variety=True)
+    write_imagenet_tree(str(tmp_path / "val"), per_class=1, variety=False)
+    settings = {"data.source": "folder", "data.train_dir": tmp_path / "train",
+                "data.val_dir": tmp_path / "val", "data.output": tmp_path / "shards",
+                "data.format": "delta", "data.resize_short_side": 16}
+    argv = ["prepare-data", "--config", "defaults"]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    assert main(argv) == 0
+
+    def rows(split):
+        files = resolve_files(str(tmp_path / "shards" / split))  # the Delta version's files
+        return pq.read_table([f[len("file://"):] for f in files]).to_pylist()
+
+    train = rows("train")
+    assert len(train) == 6 and min(min(r["height"], r["width"]) for r in train) == 16
+    assert len(rows("validation")) == 3
+    assert load_label_index(str(tmp_path / "shards" / "validation")) == \
+        load_label_index(str(tmp_path / "shards" / "train"))
