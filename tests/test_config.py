@@ -118,6 +118,21 @@ def test_widgets_default_without_dbutils_and_convert_with_it():
         read_widgets({"np": 2}, _DbUtils({"np": "four"}))
 
 
+def test_blank_widgets_defer_to_the_configuration_and_local_values_apply_without_dbutils():
+    defaults = {"config": "demo", "epochs": None, "lr": None}
+    assert read_widgets(defaults, local={"epochs": 2}) == {"config": "demo", "epochs": 2,
+                                                            "lr": None}
+    dbutils = _DbUtils({"config": "imagenet_resnet50", "lr": "0.05"})
+    values = read_widgets(defaults, dbutils, local={"epochs": 2})
+    assert values == {"config": "imagenet_resnet50", "epochs": None, "lr": 0.05}
+    assert ("epochs", "") in dbutils.widgets.created
+    config = load_config(PipelineConfig, values["config"], {"train.epochs": values["epochs"],
+                                                              "train.learning_rate": values["lr"]})
+    assert config.train.epochs == 90 and config.train.learning_rate == 0.05
+    with pytest.raises(ValueError, match="local names \\['epoch'\\]"):
+        read_widgets(defaults, local={"epoch": 2})
+
+
 def test_config_dataclasses_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         PipelineConfig().train.epochs = 3  # type: ignore[misc]

@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from dist_dl.config import PipelineConfig
-from dist_dl.locations import spark_path
+from dist_dl.locations import local_path, spark_path
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
            "run_pipeline", "GateFailed"]
@@ -346,7 +346,10 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     data = config.data.train_output
     validation = config.data.validation_output if _has_shards(config.data.validation_output) \
         else None
+    # The trials get the shards' file list, which has no label index beside
+    # it: the class count is read here, on the driver.
     base = dataclasses.replace(config.train, epochs=s.epochs,
+                               classes=config.train.classes or _classes(data),
                                max_steps_per_epoch=s.max_steps_per_epoch or
                                config.train.max_steps_per_epoch)
     data_files, val_files = _files(data), (_files(validation) if validation else None)
@@ -366,6 +369,16 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     print(f"dist_dl search: best val_accuracy {result.best_value:.4f} with {result.best_params} "
           f"(MLflow run {result.best_run_id}, parent {result.parent_run_id})")
     return result
+
+
+def _classes(location: str) -> int:
+    from dist_dl.prepare import load_label_index
+
+    try:
+        return len(load_label_index(local_path(location)))
+    except FileNotFoundError:
+        raise ValueError(f"{location} has no label index (_labels.json): run prepare-data, or "
+                         "set train.classes") from None
 
 
 def _files(location: str) -> list[str]:
