@@ -336,7 +336,7 @@ def test_validation_catches(change, task, field, message):
 def test_a_notebook_task_under_notebooks_is_accepted():
     job = small_job()
     del _train(job)["python_wheel_task"]
-    _train(job)["notebook_task"] = {"notebook_path": "notebooks/horovod_runner_demo",
+    _train(job)["notebook_task"] = {"notebook_path": "notebooks/03_horovod_runner",
                                     "source": "GIT"}
     assert validate(job) == []
 

@@ -561,9 +561,10 @@ def _check_task(task: dict, where: tuple, keys: list, clusters: Mapping, values:
         target = str(notebook.get("notebook_path", "")).lstrip("/")
         candidates = [base / target, base / f"{target}.py"]
         if not target.startswith("notebooks/") or not any(c.is_file() for c in candidates):
+            known = sorted(f"notebooks/{p.stem}" for p in (base / "notebooks").glob("*.py"))
             add(where + ("notebook_task", "notebook_path"),
                 f"{notebook.get('notebook_path')!r} is not a notebook of this project: give a "
-                f"path under notebooks/ (e.g. notebooks/horovod_runner_demo)")
+                f"path under notebooks/, one of: {', '.join(known) or 'none found'}")
     if isinstance(task.get("python_wheel_task"), dict):
         return _check_wheel_task(task, where, values, add)
     return None
