@@ -1,17 +1,30 @@
 """Benchmark: an ensemble of n random forests on local[2] Spark against the same
 n forests trained one after another in one process, on the same data.
 
-Both sides read the same Parquet files, hold out the same fraction of rows,
-train n forests (one core each, ``n_jobs=1``) on n random parts of the rest,
-and score every forest on the held-out rows. A third setup, the same fits in
-two warm plain processes without Spark, measures what two cores give on this
-machine at all (its ceiling). The Spark side is
-``train_ensemble`` end to end (so it also pays for its shuffle, the MLflow
-run and the model it logs, to a temporary store); the Spark session and its
-Python workers are started, and warmed up by one small ensemble, before any
-timing. The two setups alternate for ``--rounds`` rounds; the report gives
-medians, the spread, and CPU seconds per wall second of the whole machine
-(from /proc/stat) during each run, since other load skews a 2-core machine.
+Every setup does the same work: read the same Parquet files, hold out the same
+share of rows (20 %), train n forests (one core each, ``n_jobs=1``) on n
+random parts of the rest, and score every forest and their vote on the
+held-out rows (with the same scoring functions ``train_ensemble`` runs in its
+tasks). The setups:
+
+- ``sequential``: all of it in this process, one forest after another (the
+  baseline);
+- ``spark``: ``train_ensemble`` on ``local[2]`` end to end; it also logs the
+  MLflow run and model (to a temporary file store), which the others do not;
+- ``2 processes``: the fits and member scoring in two warm plain processes,
+  no Spark: what two cores give on this machine at all (its ceiling).
+
+The Spark session and all Python workers are started, and warmed up by one
+small ensemble, before any timing, and again before every round (Spark stops
+Python workers idle for a minute; the other setups' processes stay warm).
+The setups alternate for ``--rounds`` rounds, in a rotating order. Before
+each round (and its warm-up) the script waits while the
+machine is busy with other work (1-minute load average above ``--max-load``,
+or other processes using more than half a core while this one is idle),
+because on a 2-core machine other jobs take cores from the parallel setups
+first. The report gives medians, the spread, CPU seconds per wall second of
+the whole machine (from /proc/stat) during each run, the load average, and the
+time of each phase of ``train_ensemble`` (its Spark jobs, by description).
 
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/ensemble.py [--models 4] [--rows 200000]
 """
@@ -26,6 +39,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+VALIDATION_FRACTION = 0.2
 
 
 def _cpu_busy_seconds() -> float:
@@ -42,6 +57,29 @@ def _measure(fn):
     return wall, (_cpu_busy_seconds() - cpu0) / wall, out
 
 
+def _others_cpu(seconds: float = 5.0) -> float:
+    """CPU seconds per second the machine spends while this benchmark idles:
+    what other processes are using now."""
+    cpu0 = _cpu_busy_seconds()
+    time.sleep(seconds)
+    return (_cpu_busy_seconds() - cpu0) / seconds
+
+
+def wait_for_quiet(max_load: float, max_wait: float) -> tuple[float, float, bool]:
+    """Wait (a minute at a time, at most ``max_wait`` seconds) until the
+    machine is quiet; returns the load average and others' CPU at the start,
+    and whether it was quiet."""
+    deadline = time.time() + max_wait
+    while True:
+        load, others = os.getloadavg()[0], _others_cpu()
+        quiet = load <= max_load and others <= 0.5
+        if quiet or time.time() >= deadline:
+            return load, others, quiet
+        print(f"  machine busy (load {load:.1f}, others use {others:.2f} CPU s/s): "
+              "waiting 60 s", flush=True)
+        time.sleep(60)
+
+
 def make_factory(trees: int):
     # A closure, so Spark ships it by value (this script is not importable
     # from the Python workers).
@@ -54,50 +92,58 @@ def make_factory(trees: int):
     return forest
 
 
-def sequential(path, factory, n, feature_cols, validation_fraction, seed):
-    """The same n forests, one after another, in this process."""
+def _load_and_split(path, feature_cols, n, seed):
+    """The Parquet files, a held-out share, and n random training parts."""
     import numpy as np
     import pandas as pd
 
     pdf = pd.read_parquet(path)
     rng = np.random.default_rng(seed)
-    held_out = rng.random(len(pdf)) < validation_fraction
+    held_out = rng.random(len(pdf)) < VALIDATION_FRACTION
     x = pdf[feature_cols].to_numpy(dtype=np.float64)
     y = pdf["label"].to_numpy()
-    x_train, y_train, x_val, y_val = x[~held_out], y[~held_out], x[held_out], y[held_out]
+    x_train, y_train = x[~held_out], y[~held_out]
     part = rng.integers(0, n, len(y_train))
-    scores = []
-    for i in range(n):
-        model = factory(i).fit(x_train[part == i], y_train[part == i])
-        scores.append(float((model.predict(x_val) == y_val).mean()))
-    return scores
+    parts = [(x_train[part == i], y_train[part == i]) for i in range(n)]
+    return parts, x[held_out], y[held_out]
 
 
-def _fit_and_score(factory, i, x_train, y_train, x_val, y_val):
-    model = factory(i).fit(x_train, y_train)
-    return float((model.predict(x_val) == y_val).mean())
+def _fit_and_proba(factory, i, x_train, y_train, x_val, num_classes):
+    from dist_dl.ensemble.members import member_proba
+
+    return member_proba(factory(i).fit(x_train, y_train), x_val, num_classes)
 
 
-def two_processes(pool, path, factory, n, feature_cols, validation_fraction, seed):
+def _scores(probas, y_val):
+    """Each member's accuracy and the vote's, as ``train_ensemble`` scores them
+    (labels here are 0..k-1, so class indices are the labels)."""
+    from dist_dl.ensemble.members import combine
+
+    members = [float((p.argmax(axis=1) == y_val).mean()) for p in probas]
+    return members, float((combine(probas, "vote") == y_val).mean())
+
+
+def sequential(path, factory, n, feature_cols, seed, num_classes=3):
+    """The same n forests, one after another, in this process."""
+    parts, x_val, y_val = _load_and_split(path, feature_cols, n, seed)
+    probas = [_fit_and_proba(factory, i, x, y, x_val, num_classes)
+              for i, (x, y) in enumerate(parts)]
+    return _scores(probas, y_val)
+
+
+def two_processes(pool, path, factory, n, feature_cols, seed, num_classes=3):
     """The machine's own ceiling: the same fits in two warm plain processes,
     no Spark (what two cores give when nothing else is in the way)."""
-    import numpy as np
-    import pandas as pd
-
-    pdf = pd.read_parquet(path)
-    rng = np.random.default_rng(seed)
-    held_out = rng.random(len(pdf)) < validation_fraction
-    x = pdf[feature_cols].to_numpy(dtype=np.float64)
-    y = pdf["label"].to_numpy()
-    x_train, y_train, x_val, y_val = x[~held_out], y[~held_out], x[held_out], y[held_out]
-    part = rng.integers(0, n, len(y_train))
-    futures = [pool.submit(_fit_and_score, factory, i, x_train[part == i], y_train[part == i],
-                           x_val, y_val) for i in range(n)]
-    return [f.result() for f in futures]
+    parts, x_val, y_val = _load_and_split(path, feature_cols, n, seed)
+    futures = [pool.submit(_fit_and_proba, factory, i, x, y, x_val, num_classes)
+               for i, (x, y) in enumerate(parts)]
+    return _scores([f.result() for f in futures], y_val)
 
 
 def _warm_worker(_):
     import sklearn.ensemble  # noqa: F401
+
+    import dist_dl.ensemble.members  # noqa: F401
 
     return True
 
@@ -114,6 +160,29 @@ class _Shipped:
         return cloudpickle.loads(self.blob)(i)
 
 
+def _phase_seconds(sc, since_ms: float) -> dict:
+    """Seconds from first submission to last completion of the Spark jobs of
+    each ``train_ensemble`` phase (jobs it names "dist_dl ensemble: ...")
+    submitted after ``since_ms``."""
+    # The status store is Spark's own record of jobs (what the UI shows); it
+    # is kept with the UI off. Not public API: good enough for a benchmark.
+    jobs = sc._jsc.sc().statusStore().jobsList(None)
+    spans = {}
+    for i in range(jobs.length()):
+        job = jobs.apply(i)
+        desc = job.description()
+        if not desc.isDefined() or not desc.get().startswith("dist_dl ensemble: "):
+            continue
+        start = job.submissionTime().get().getTime()
+        if start < since_ms or not job.completionTime().isDefined():
+            continue
+        end = job.completionTime().get().getTime()
+        phase = desc.get()[len("dist_dl ensemble: "):]
+        lo, hi = spans.get(phase, (start, end))
+        spans[phase] = (min(lo, start), max(hi, end))
+    return {phase: (hi - lo) / 1000 for phase, (lo, hi) in spans.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=4)
@@ -121,7 +190,12 @@ def main(argv=None):
     parser.add_argument("--features", type=int, default=40)
     parser.add_argument("--trees", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-load", type=float, default=2.5,
+                        help="wait before a round while the 1-minute load average is above this")
+    parser.add_argument("--max-wait", type=float, default=1800,
+                        help="seconds to wait for a quiet machine before a round runs anyway")
     args = parser.parse_args(argv)
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
 
     import numpy as np
     import pandas as pd
@@ -148,15 +222,23 @@ def main(argv=None):
     factory = make_factory(args.trees)
     uri = (work / "mlruns").as_uri()
 
-    def spark_run():
+    def spark_run(seed):
         df = spark.read.parquet(path)
         return train_ensemble(df, factory, num_models=args.models, feature_cols=cols,
-                              label_col="label", tracking_uri=uri)
+                              label_col="label", validation_fraction=VALIDATION_FRACTION,
+                              seed=seed, tracking_uri=uri)
 
-    # Warm-up: start the Python workers and import scikit-learn in them.
-    small = spark.read.parquet(path).limit(2000)
-    train_ensemble(small, factory, num_models=2, feature_cols=cols, label_col="label",
-                   tracking_uri=uri)
+    def warm_up():
+        # Starts two Python workers (two tasks at once) and imports pandas,
+        # pyarrow and scikit-learn in them. Spark stops a Python worker that
+        # has been idle for a minute (PythonWorkerFactory), and waiting for a
+        # quiet machine takes longer, so this runs again before every round:
+        # the other setups run in processes that stay warm.
+        small = spark.read.parquet(path).limit(2000)
+        train_ensemble(small, factory, num_models=2, feature_cols=cols, label_col="label",
+                       tracking_uri=uri)
+
+    warm_up()
 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -167,49 +249,64 @@ def main(argv=None):
     # warmed before timing, as Spark's Python workers are.
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
     list(pool.map(_warm_worker, range(2)))
-    ship = cloudpickle.dumps(factory)
+    shipped = _Shipped(cloudpickle.dumps(factory))
 
-    rows = []
+    rows, phases, starts = [], [], []
     order = ("sequential", "spark", "2 processes")
     for r in range(args.rounds):
+        load, others, quiet = wait_for_quiet(args.max_load, args.max_wait)
+        starts.append((load, others, quiet))
+        warm_up()
+        print(f"round {r}: load {load:.1f}, others {others:.2f} CPU s/s"
+              f"{'' if quiet else ' (BUSY: waited the maximum, ran anyway)'}", flush=True)
         for name in order[r % 3:] + order[:r % 3]:
-            if name == "2 processes":
-                wall, util, scores = _measure(lambda: two_processes(
-                    pool, path, _Shipped(ship), args.models, cols, 0.2, r))
-                note = f"members {min(scores):.3f}..{max(scores):.3f}"
-            elif name == "spark":
-                wall, util, ens = _measure(spark_run)
-                note = (f"ensemble acc {ens.score:.3f}, members {min(ens.member_scores):.3f}.."
-                        f"{max(ens.member_scores):.3f}")
+            if name == "spark":
+                since = time.time() * 1000
+                wall, util, ens = _measure(lambda: spark_run(r))
+                members, vote = ens.member_scores, ens.score
+                phases.append(_phase_seconds(spark.sparkContext, since))
+                note = ", ".join(f"{k} {v:.1f} s" for k, v in phases[-1].items())
             else:
-                wall, util, scores = _measure(lambda: sequential(
-                    path, factory, args.models, cols, 0.2, r))
-                note = f"members {min(scores):.3f}..{max(scores):.3f}"
+                run = sequential if name == "sequential" else (
+                    lambda *a: two_processes(pool, *a))
+                fac = factory if name == "sequential" else shipped
+                wall, util, (members, vote) = _measure(
+                    lambda: run(path, fac, args.models, cols, r))
+                note = ""
             rows.append((r, name, wall, util))
-            # The load average shows how much else ran: on a shared 2-core
-            # machine other jobs take cores from the parallel side first.
-            print(f"round {r} {name:10s} {wall:7.1f} s  machine CPU {util:4.2f} s/s  "
-                  f"load {os.getloadavg()[0]:4.1f}  {note}", flush=True)
-
-    seq = [w for _, n, w, _ in rows if n == "sequential"]
-    par = [w for _, n, w, _ in rows if n == "spark"]
-    two = [w for _, n, w, _ in rows if n == "2 processes"]
+            print(f"  {name:11s} {wall:6.1f} s  machine CPU {util:4.2f} s/s  load "
+                  f"{os.getloadavg()[0]:4.1f}  vote {vote:.3f}, members {min(members):.3f}.."
+                  f"{max(members):.3f}  {note}", flush=True)
     pool.shutdown()
+
     print(f"\n{args.models} forests x {args.trees} trees, {args.rows} rows x {args.features} "
-          f"features, {args.rounds} rounds, load average now {os.getloadavg()[0]:.1f}")
-    for name, times in (("sequential", seq), ("spark local[2]", par), ("2 processes", two)):
-        print(f"{name}: median {statistics.median(times):.1f} s "
-              f"(range {min(times):.1f}-{max(times):.1f})")
+          f"features, {args.rounds} rounds; load average at round starts "
+          f"{min(s[0] for s in starts):.1f}-{max(s[0] for s in starts):.1f}, others' CPU "
+          f"{min(s[1] for s in starts):.2f}-{max(s[1] for s in starts):.2f} s/s"
+          f"{', some rounds BUSY' if not all(s[2] for s in starts) else ''}")
+    walls = {}
+    for name in order:
+        times = [w for _, n, w, _ in rows if n == name]
+        utils = [u for _, n, _, u in rows if n == name]
+        walls[name] = times
+        print(f"{name:11s} median {statistics.median(times):6.1f} s (range {min(times):.1f}-"
+              f"{max(times):.1f}), machine CPU {min(utils):.2f}-{max(utils):.2f} s/s")
+    for phase in phases[0]:
+        values = [p.get(phase, float("nan")) for p in phases]
+        print(f"  spark phase '{phase}': median {statistics.median(values):.1f} s "
+              f"(range {min(values):.1f}-{max(values):.1f})")
+    rest = [w - sum(p.values()) for w, p in zip(walls["spark"], phases)]
+    print(f"  spark outside its jobs (driver: plan, MLflow run and model): median "
+          f"{statistics.median(rest):.1f} s (range {min(rest):.1f}-{max(rest):.1f})")
     # Per round: the runs of one round ran back to back.
-    speed = [s / p for s, p in zip(seq, par)]
-    ceiling = [s / t for s, t in zip(seq, two)]
+    speed = [s / p for s, p in zip(walls["sequential"], walls["spark"])]
+    ceiling = [s / t for s, t in zip(walls["sequential"], walls["2 processes"])]
     print(f"speed-up of spark over sequential: median of rounds {statistics.median(speed):.2f}x "
           f"(per round {', '.join(f'{v:.2f}' for v in speed)})")
     print(f"machine ceiling (2 processes over sequential): median of rounds "
           f"{statistics.median(ceiling):.2f}x "
           f"(per round {', '.join(f'{v:.2f}' for v in ceiling)})")
-    print(f"spark / ceiling: "
-          f"{statistics.median(speed) / statistics.median(ceiling):.2f}")
+    print(f"spark / ceiling: {statistics.median(speed) / statistics.median(ceiling):.2f}")
 
 
 if __name__ == "__main__":

@@ -136,3 +136,97 @@ def test_arguments_are_checked_on_the_driver(spark):
         train_ensemble(df, forest, num_models=2, feature_cols=["a", "s"], label_col="label")
     with pytest.raises(ValueError, match="num_models=1"):
         train_ensemble(df, forest, num_models=1, feature_cols=["a"], label_col="label")
+
+
+def _persisted(spark) -> int:
+    return spark.sparkContext._jsc.getPersistentRDDs().size()
+
+
+@pytest.mark.timeout(240)
+def test_input_is_evaluated_once_and_every_row_is_accounted_for(spark, tmp_path):
+    from mlflow.tracking import MlflowClient
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from sklearn.datasets import load_breast_cancer
+
+    pdf, cols = _frame(load_breast_cancer)
+    evaluated = spark.sparkContext.accumulator(0)
+
+    def counted(value):
+        evaluated.add(1)
+        return value
+
+    # Every evaluation of an input row passes through this UDF. The held-out
+    # split, the counts, training and scoring must all come from one pass
+    # (randomSplit evaluated every row once per split).
+    df = spark.createDataFrame(pdf).withColumn("f0", F.udf(counted, T.DoubleType())("f0"))
+    before = _persisted(spark)
+    ens = train_ensemble(df, forest, num_models=3, feature_cols=cols, label_col="label",
+                         tracking_uri=tmp_path.as_uri())
+    assert evaluated.value == len(pdf)
+    assert _persisted(spark) == before  # the cached split is released
+
+    params = MlflowClient(tracking_uri=tmp_path.as_uri()).get_run(ens.run_id).data.params
+    assert sum(ens.member_rows) + int(params["validation_rows"]) == len(pdf)
+    assert 0.1 * len(pdf) < int(params["validation_rows"]) < 0.3 * len(pdf)
+    assert ens.classes == (0, 1) and ens.score > 0.85
+
+
+def test_null_labels_fail_before_training_and_release_the_cache(spark, tmp_path):
+    rows = [(float(i), None if i == 0 else i % 2) for i in range(40)]
+    df = spark.createDataFrame(rows, "a double, label long")
+    before = _persisted(spark)
+    with pytest.raises(ValueError, match="label column 'label' has 1 null values"):
+        train_ensemble(df, forest, num_models=2, feature_cols=["a"], label_col="label",
+                       tracking_uri=tmp_path.as_uri())
+    assert _persisted(spark) == before
+    assert not any(tmp_path.iterdir())
+
+
+def test_memory_hint_comes_from_the_counted_partitions(spark, tmp_path):
+    import re
+
+    from dist_dl.ensemble import estimate_partition_memory
+    from sklearn.datasets import load_breast_cancer
+
+    pdf, cols = _frame(load_breast_cancer)
+    before = _persisted(spark)
+    # Room for 100 rows per task: about 455 training rows need 5 or 6 members
+    # (10 % above the even share).
+    with pytest.raises(PartitionMemoryError) as err:
+        train_ensemble(spark.createDataFrame(pdf), forest, num_models=2, feature_cols=cols,
+                       label_col="label", tracking_uri=tmp_path.as_uri(),
+                       task_memory_bytes=estimate_partition_memory(100, len(cols)))
+    message = str(err.value)
+    largest = int(re.search(r"the largest partition, ([\d,]+) rows", message)[1].replace(",", ""))
+    assert 0.3 * len(pdf) < largest < 0.5 * len(pdf)
+    assert int(re.search(r"raise num_models to at least (\d+)", message)[1]) in (5, 6)
+    assert _persisted(spark) == before
+
+
+class _FakeBroadcast:
+    """What a Python worker sees of a PySpark broadcast: an object with .value."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def test_worker_unpickles_members_once_per_broadcast():
+    import pickle
+
+    from sklearn.tree import DecisionTreeClassifier
+
+    from dist_dl.ensemble import task
+
+    x = np.arange(20, dtype=float).reshape(10, 2)
+    blobs = [pickle.dumps(DecisionTreeClassifier(random_state=i).fit(x, np.arange(10) % 2))
+             for i in range(2)]
+    first, second = _FakeBroadcast(blobs), _FakeBroadcast(blobs)
+    scorer = task.shared_scorer(first, [0, 1], ["a", "b"], "vote")
+    assert task.shared_scorer(first, [0, 1], ["a", "b"], "vote") is scorer
+    # Another broadcast, or other arguments, get their own members.
+    assert task.shared_scorer(first, [0, 1], ["a", "b"], "mean") is not scorer
+    other = task.shared_scorer(second, [0, 1], ["a", "b"], "vote")
+    assert other is not scorer and other.members[0] is not scorer.members[0]
+    np.testing.assert_array_equal(other.predict(pd.DataFrame(x, columns=["a", "b"])),
+                                  np.arange(10) % 2)

@@ -1,10 +1,14 @@
 """Driver side of Spark-partitioned ensembles: validate, check memory, launch, log.
 
-``train_ensemble`` shuffles the rows at random into ``num_models`` partitions,
-trains one member per partition in a Spark task (``task.py``), scores members
-and ensemble on a held-out split on the executors, and logs one MLflow run with
-the scores and one pyfunc model. Only the fitted members (and counts) come
-back to the driver.
+``train_ensemble`` reads the input once: one shuffle gives every row a random
+number that puts it in the held-out split or in one of ``num_models``
+partitions, and that copy is cached for the call. The job that builds the
+cache also counts rows and labels per partition, so the classes and the exact
+partition sizes (for the memory check) cost no extra pass. Then one member per
+partition is trained in a Spark task (``task.py``), members and ensemble are
+scored on the cached held-out rows on the executors, and one MLflow run is
+logged with the scores and one pyfunc model. Only the fitted members and
+counts come back to the driver.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ _MLFLOW_TYPES = {"ByteType": "integer", "ShortType": "integer", "IntegerType": "
 # Bytes a Python worker holds before it sees a row (interpreter, pandas,
 # pyarrow, scikit-learn); measured at 150-250 MiB here, rounded up.
 _WORKER_BASELINE = 256 * 2**20
+# The column of per-row random numbers that assigns rows (see train_ensemble).
+_RAND = "_dist_dl_rand"
 
 
 class PartitionMemoryError(ValueError):
@@ -112,10 +118,9 @@ def _parse_size(text: str) -> int:
     return int(text) * 2**20  # Spark reads a bare number of memory as MiB
 
 
-def _check_memory(spec: _Spec, train_rows: int, limit: int, source: str) -> None:
-    mean = train_rows / spec.num_models
-    # Random assignment: allow four standard deviations above the mean.
-    largest = int(mean + 4 * math.sqrt(mean)) + 1
+def _check_memory(spec: _Spec, largest: int, train_rows: int, limit: int, source: str) -> None:
+    """Raise ``PartitionMemoryError`` if the largest partition (``largest``
+    training rows, counted) would not fit in ``limit`` bytes."""
     need = estimate_partition_memory(largest, len(spec.feature_cols),
                                      memory_factor=spec.memory_factor)
     if need <= limit:
@@ -123,14 +128,15 @@ def _check_memory(spec: _Spec, train_rows: int, limit: int, source: str) -> None
     fixed = _WORKER_BASELINE
     per_row = (len(spec.feature_cols) + 1) * 8 * spec.memory_factor
     fits = max(0, int((limit - fixed) / per_row)) if limit > fixed else 0
+    # 10 % above the even share: random partitions are not all the same size.
     hint = (f"raise num_models to at least {math.ceil(train_rows / fits * 1.1)}"
             if fits > 0 else "no partition size fits, so give tasks more memory")
     raise PartitionMemoryError(
-        f"a partition of about {largest:,} rows x {len(spec.feature_cols)} features needs about "
-        f"{need / 2**20:,.0f} MiB in one Spark task, more than the {limit / 2**20:,.0f} MiB a task "
-        f"has ({source}). Fix: {hint}, or raise the task memory (spark.executor.pyspark.memory, "
-        f"or task_memory_bytes if you know better), or lower memory_factor "
-        f"(now {spec.memory_factor}) if your model copies the data less.")
+        f"the largest partition, {largest:,} rows x {len(spec.feature_cols)} features, needs "
+        f"about {need / 2**20:,.0f} MiB in one Spark task, more than the "
+        f"{limit / 2**20:,.0f} MiB a task has ({source}). Fix: {hint}, or raise the task "
+        f"memory (spark.executor.pyspark.memory, or task_memory_bytes if you know better), or "
+        f"lower memory_factor (now {spec.memory_factor}) if your model copies the data less.")
 
 
 @dataclass(frozen=True)
@@ -197,9 +203,47 @@ def _label_type(classes):
     return T.StringType()
 
 
+def _describe(sc, phase: str) -> None:
+    # Names the next Spark jobs in the UI and event log (and lets a benchmark
+    # time each phase).
+    sc.setLocalProperty("spark.job.description", f"dist_dl ensemble: {phase}")
+
+
+def _check_counts(stats, spec: _Spec) -> tuple[tuple, list[int]]:
+    """The classes and each partition's training rows, from the per-partition
+    counts of the split; raises for data an ensemble cannot be trained on."""
+    label = spec.label_col
+    nulls = sum(r.nulls for r in stats)
+    if nulls:
+        raise ValueError(f"label column {label!r} has {nulls} null values; drop or fill them "
+                         "first")
+    classes = tuple(sorted({value for r in stats for value in r.labels}))
+    if len(classes) < 2:
+        raise ValueError(f"label column {label!r} has {len(classes)} class(es); a classifier "
+                         "ensemble needs at least 2")
+    partition_rows = [0] * spec.num_models
+    for r in stats:
+        if not r.held_out:
+            partition_rows[r.part] = r.rows
+    train_rows = sum(partition_rows)
+    if train_rows < 2 * spec.num_models:
+        raise ValueError(f"{train_rows} training rows for num_models={spec.num_models}: lower "
+                         "num_models so each member gets data")
+    empty = [i for i, rows in enumerate(partition_rows) if rows == 0]
+    if empty:
+        raise RuntimeError(f"partition(s) {empty} got none of the {train_rows} training rows; "
+                           "lower num_models")
+    if not any(r.held_out and r.rows for r in stats):
+        raise RuntimeError("the held-out split is empty; raise validation_fraction")
+    return classes, partition_rows
+
+
 def _validate_columns(df, spec: _Spec) -> None:
     types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
     for col in (*spec.feature_cols, spec.label_col):
+        if col == _RAND:
+            raise ValueError(f"column name {_RAND!r} is used by train_ensemble itself; rename "
+                             "that column")
         if col not in types:
             raise ValueError(f"column {col!r} is not in df (columns: {sorted(types)})")
     for col in spec.feature_cols:
@@ -244,6 +288,11 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
                    run_name: str = "ensemble") -> Ensemble:
     """Train ``num_models`` classifiers, one per random partition, in Spark tasks.
 
+    The input is read once. Its selected columns are shuffled into the
+    partitions and cached (memory, spilling to disk) until this call returns,
+    so that training and held-out scoring use the one split. Rows never reach
+    the driver.
+
     Args:
         df: Spark DataFrame with numeric feature columns and a label column.
         model_factory: Plain function returning an unfitted scikit-learn
@@ -260,7 +309,8 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
         validation_fraction: Rows held out, before partitioning, to score every
             member and the ensemble on the same data. Default 0.2.
         fit_kwargs: Passed to each member's ``fit`` (e.g. ``epochs`` for Keras).
-        seed: Seed of the held-out split and of the row shuffle.
+        seed: Seed of the held-out split and of the row shuffle (the same seed
+            on the same input partitions gives the same split).
         memory_factor: Task memory per byte of partition data (see
             ``estimate_partition_memory``). Default 4.
         task_memory_bytes: Memory of one task; default from the Spark
@@ -273,9 +323,11 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
         The ``Ensemble``: scores, the MLflow run and model URI, ``transform``.
 
     Raises:
-        ValueError: bad arguments or columns (raised before any training).
-        PartitionMemoryError: a partition would not fit a task's memory.
-        RuntimeError: a task trained no member (an empty partition).
+        ValueError: bad arguments, columns or labels (raised before any training).
+        PartitionMemoryError: the largest partition would not fit a task's
+            memory (checked on the counted partitions, before any training).
+        RuntimeError: a partition or the held-out split came out empty
+            (before training), or a task trained no member.
     """
     import mlflow
     from pyspark.sql import functions as F
@@ -286,39 +338,40 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
     _validate_columns(df, spec)
     spark = df.sparkSession
     sc = spark.sparkContext
+    limit, source = ((task_memory_bytes, "task_memory_bytes") if task_memory_bytes
+                     else _task_memory(spark))
+    # One uniform random number per row decides where it goes: below
+    # validation_fraction it is held out, and its hash picks the partition
+    # (the member). It is drawn once and cached with the rows, so training and
+    # scoring see the same split whatever order the input yields its rows in
+    # (randomSplit gets that by sorting every partition, on every pass). An
+    # explicit partition count is kept as given by adaptive query execution
+    # (it never coalesces REPARTITION_BY_NUM). The cache is memory and disk:
+    # it spills rather than fail, and it is dropped before returning.
+    assigned = (df.select(*spec.feature_cols, label_col)
+                .withColumn(_RAND, F.rand(spec.seed))
+                .repartition(num_models, _RAND)
+                .persist())
+    held_out = F.col(_RAND) < spec.validation_fraction
     group = f"dist_dl-ensemble-{uuid.uuid4().hex[:8]}"
     sc.setJobGroup(group, f"dist_dl ensemble of {num_models} members", interruptOnCancel=True)
     try:
-        # One small aggregation gives the classes and the row count.
-        counts = {r[0]: r[1] for r in df.groupBy(label_col).count().collect()}
-        if None in counts:
-            raise ValueError(f"label column {label_col!r} has {counts[None]} null values; "
-                             "drop or fill them first")
-        classes = tuple(sorted(counts))
-        if len(classes) < 2:
-            raise ValueError(f"label column {label_col!r} has {len(classes)} class(es); a "
-                             "classifier ensemble needs at least 2")
-        total = sum(counts.values())
-        train_rows = int(total * (1 - spec.validation_fraction))
-        if train_rows < 2 * num_models:
-            raise ValueError(f"{train_rows} training rows for num_models={num_models}: lower "
-                             "num_models so each member gets data")
-        limit, source = ((task_memory_bytes, "task_memory_bytes") if task_memory_bytes
-                         else _task_memory(spark))
-        _check_memory(spec, train_rows, limit, source)
+        _describe(sc, "split rows, cache and count them")
+        stats = (assigned
+                 .groupBy(F.spark_partition_id().alias("part"), held_out.alias("held_out"))
+                 .agg(F.count("*").alias("rows"),
+                      F.count(F.when(F.col(label_col).isNull(), 1)).alias("nulls"),
+                      F.collect_set(label_col).alias("labels"))
+                 .collect())
+        classes, partition_rows = _check_counts(stats, spec)
+        _check_memory(spec, max(partition_rows), sum(partition_rows), limit, source)
 
-        cols = [*spec.feature_cols, label_col]
-        train_df, val_df = df.select(*cols).randomSplit(
-            [1 - spec.validation_fraction, spec.validation_fraction], seed=spec.seed)
-        # Hash of a uniform random number: each row lands in one of num_models
-        # partitions at random. An explicit partition count is kept as given
-        # by adaptive query execution (it never coalesces REPARTITION_BY_NUM).
-        shuffled = (train_df.withColumn("_dist_dl_rand", F.rand(spec.seed))
-                    .repartition(num_models, "_dist_dl_rand").drop("_dist_dl_rand"))
+        _describe(sc, "train one member per partition")
         fn = functools.partial(_task.train_partition, factory=model_factory,
                                feature_cols=list(spec.feature_cols), label_col=label_col,
                                classes=list(classes), fit_kwargs=fit_kwargs)
-        results = sorted(shuffled.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
+        training = assigned.where(~held_out).drop(_RAND)
+        results = sorted(training.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
                          key=lambda r: r.member)
         failed = [f"member {r.member}: {r.error}" for r in results if r.model is None]
         if failed or len(results) != num_models:
@@ -326,22 +379,28 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
                                f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
         blobs = tuple(bytes(r.model) for r in results)
 
+        _describe(sc, "score members and ensemble on the held-out rows")
         bc = sc.broadcast(list(blobs))
-        score_fn = functools.partial(_task.score_partition, blobs=bc, classes=list(classes),
-                                     feature_cols=list(spec.feature_cols), label_col=label_col,
-                                     method=combine)
-        scored = val_df.mapInPandas(score_fn, _task.SCORE_SCHEMA).collect()
-        bc.unpersist()
+        try:
+            score_fn = functools.partial(_task.score_partition, blobs=bc, classes=list(classes),
+                                         feature_cols=list(spec.feature_cols),
+                                         label_col=label_col, method=combine)
+            # Every partition holds some held-out rows; one task per core (at
+            # most) scores them, so fewer tasks set up a Python stream.
+            tasks = max(1, min(num_models, sc.defaultParallelism))
+            scored = (assigned.where(held_out).drop(_RAND).coalesce(tasks)
+                      .mapInPandas(score_fn, _task.SCORE_SCHEMA).collect())
+        finally:
+            bc.unpersist()
     except BaseException:
         sc.cancelJobGroup(group)
         raise
     finally:
+        assigned.unpersist()
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
 
-    val_rows = sum(r.rows for r in scored)
-    if val_rows == 0:
-        raise RuntimeError("the held-out split is empty; raise validation_fraction")
+    val_rows = sum(r.rows for r in scored)  # > 0: _check_counts saw held-out rows
     ensemble_score = sum(r.ensemble_correct for r in scored) / val_rows
     member_scores = tuple(sum(r.member_correct[i] for r in scored) / val_rows
                           for i in range(num_models))
