@@ -8,7 +8,8 @@ these levers as extra distributed setups, each against the same ceiling:
 
 - batch64: 64 images per worker per step (learning rate scaled with it);
 - fp16: gradients compressed to float16 for the allreduce;
-- cycle5: HOROVOD_CYCLE_TIME 5 ms (fewer, larger fused allreduces);
+- cycle1, cycle5, cycle10, cycle20: HOROVOD_CYCLE_TIME of 1 (Horovod's
+  default), 5 (the library's default on CPU workers), 10 or 20 ms;
 - bpps2: gradients of 2 batches accumulated before each allreduce;
 - pinned: each worker pinned to its own core;
 - spark: the workers as Spark tasks on local[2] (horovod.spark.run) instead
@@ -30,7 +31,10 @@ from dist_dl.config import BenchConfig
 LEVERS = {
     "batch64": {"batch_size": 64, "learning_rate": 0.025},
     "fp16": {"fp16_allreduce": True},
+    "cycle1": {"cycle_time_ms": 1.0},
     "cycle5": {"cycle_time_ms": 5.0},
+    "cycle10": {"cycle_time_ms": 10.0},
+    "cycle20": {"cycle_time_ms": 20.0},
     "bpps2": {"backward_passes_per_step": 2},
     "pinned": {"pin_cpus": True},
     "spark": {"backend": "spark"},
@@ -43,7 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--levers", default=",".join(LEVERS),
+    parser.add_argument("--levers", default="batch64,fp16,cycle1,bpps2,pinned,spark",
                         help=f"comma-separated subset of {', '.join(LEVERS)} (or 'none')")
     parser.add_argument("--quick", action="store_true",
                         help="small_cnn at 16 px, 3 steps, 1 round: checks the script runs")

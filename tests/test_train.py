@@ -45,6 +45,11 @@ def _max_difference(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
+def _probed(prefix) -> list[str]:
+    """What each rank's EnvProbe saw, in rank order."""
+    return [open(f"{prefix}-rank{rank}").read() for rank in (0, 1)]
+
+
 def _epochs_begun(path):
     """{pid: [epochs]} for rank 0, from the EpochLog hook's file."""
     out = {}
@@ -69,9 +74,14 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     print(f"largest weight difference after 3 steps: {difference:.2e}")
     assert difference < 1e-5
     # The tolerance tells updates apart: unscaled, two workers step half as far.
+    probe = str(tmp_path / "cycle_time")
     unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
-                                 scale_learning_rate=False, **common)
+                                 scale_learning_rate=False, cycle_time_ms=2.5,
+                                 callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME", "2.5"),
+                                 **common)
     assert _max_difference(_weights(one), _weights(unscaled)) > 100 * max(difference, 1e-7)
+    # A cycle time the user chose reaches every worker's Horovod.
+    assert _probed(probe) == ["present", "present"]
 
 
 @pytest.mark.timeout(400)
@@ -187,15 +197,19 @@ def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, st
 @pytest.mark.timeout(240)
 def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
         shards, store, tmp_path):
+    probe = str(tmp_path / "cycle_time")
     trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
                                 image_size=16, validation_fraction=0.0, mixed_precision="on",
                                 fp16_allreduce=True, backend="local", tracking_uri=store,
-                                output_dir=str(tmp_path))
+                                output_dir=str(tmp_path),
+                                callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME", "5.0"))
     assert np.isfinite(trained.metrics["loss"])
     model = trained.keras_model()
     assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
     params = MlflowClient(store).get_run(trained.run_id).data.params
     assert params["train.mixed_precision"] == "on" and params["train.fp16_allreduce"] == "True"
+    # No GPU and no cycle time given: CPU workers run Horovod at 5 ms, not its 1 ms.
+    assert _probed(probe) == ["present", "present"]
 
 
 @pytest.mark.timeout(180)

@@ -95,8 +95,10 @@ class TrainConfig:
             image; the update sees ``batch_size * backward_passes_per_step``
             images per worker).
         cycle_time_ms: Horovod's cycle time (``HOROVOD_CYCLE_TIME``): how long
-            its background thread waits to batch tensors into one allreduce;
-            None: Horovod's default (1 ms in 0.28.1).
+            its background thread waits to batch tensors into one allreduce.
+            None: Horovod's default (1 ms in 0.28.1) on GPU workers, 5 ms on
+            CPU workers, where that thread takes CPU time from the compute
+            (measured: benchmarks/RESULTS.md).
         fusion_threshold_mb: Horovod's tensor fusion buffer
             (``HOROVOD_FUSION_THRESHOLD``); None: Horovod's default (128 MB).
         seed: Seed of weights, shuffling and augmentation.

@@ -86,8 +86,9 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     from dist_dl.train.schedule import WarmupScaledSchedule
     from dist_dl.train.timing import step_timer
 
-    hvd.init()
     cfg = spec.config
+    _default_cycle_time(cfg)
+    hvd.init()
     rank, size = hvd.rank(), hvd.size()
     mixed = _pin_devices_and_precision(tf, cfg, hvd.local_rank())
     if cfg.deterministic:
@@ -163,6 +164,24 @@ def train_worker(spec: WorkerSpec) -> dict | None:
             return None
         logged = _log_final_model(spec, model, reader, mixed)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
+
+
+# Horovod's background thread wakes every cycle (1 ms by default since
+# Horovod 0.21, chosen for GPU servers). On CPU workers that thread competes
+# with the compute threads for the same few cores: measured here (ResNet50,
+# 2 workers of one core each, benchmarks/RESULTS.md) 5 ms gave 0.75 of the
+# machine's ceiling against 0.67 at 1 ms.
+CPU_CYCLE_TIME_MS = 5.0
+
+
+def _default_cycle_time(cfg: TrainConfig) -> None:
+    """Before ``hvd.init()``: unless the user chose a cycle time (in the
+    config or the environment), CPU workers get ``CPU_CYCLE_TIME_MS``."""
+    from dist_dl.launch.device import visible_gpus
+
+    if cfg.cycle_time_ms is None and "HOROVOD_CYCLE_TIME" not in os.environ \
+            and not visible_gpus():
+        os.environ["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
 
 
 def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
