@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import mlflow
 
+from dist_dl.lazy import lazy_attributes
 from dist_dl.tracking.preprocess import ImagePreprocessing
 
 __all__ = ["LoggedModel", "log_keras_classifier", "log_params", "log_epoch_metrics",
@@ -241,17 +242,6 @@ def log_tensorboard(log_dir: str | os.PathLike, *, artifact_path: str = "tensorb
     return count
 
 
-def __getattr__(name: str):
-    # The Keras callback class is created on first use, so that importing this
-    # module does not import TensorFlow (a worker must configure its threads
-    # before TensorFlow loads; see dist_dl.launch.worker).
-    if name == "MlflowEpochLogger":
-        cls = _define_epoch_logger()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _define_epoch_logger():
     import tensorflow as tf
 
@@ -287,8 +277,7 @@ def _define_epoch_logger():
             if not self.writer:
                 return
             seconds = time.perf_counter() - self._start
-            # NaN and inf are logged as they are: a diverging loss must show.
-            metrics = {k: v for k, v in (logs or {}).items() if _is_number(v)}
+            metrics = numeric_logs(logs)
             metrics["epoch_seconds"] = seconds
             if self.images_per_epoch:
                 metrics["images_per_second"] = self.images_per_epoch / seconds
@@ -299,9 +288,17 @@ def _define_epoch_logger():
     return MlflowEpochLogger
 
 
-def _is_number(value) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+def numeric_logs(logs: Mapping | None) -> dict[str, float]:
+    """The entries of Keras' ``logs`` that are numbers, as floats (NaN and
+    inf kept: a diverging loss must show)."""
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+# MlflowEpochLogger subclasses a Keras class: defined on first use (see dist_dl.lazy).
+__getattr__ = lazy_attributes(globals(), MlflowEpochLogger=_define_epoch_logger)

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dist_dl.lazy import lazy_attributes
+
 __all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
            "resume"]
 
@@ -373,20 +375,10 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
     return 0 if epoch is None else int(epoch)
 
 
-def __getattr__(name: str):
-    # The Keras callback class is created on first use, so that importing this
-    # module does not import TensorFlow: a worker must set its thread and
-    # device environment before TensorFlow loads (see dist_dl.launch.worker),
-    # and a worker function's module is imported before that, when unpickled.
-    if name == "CheckpointCallback":
-        cls = _define_checkpoint_callback()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _define_checkpoint_callback():
     import tensorflow as tf
+
+    from dist_dl.tracking.log import numeric_logs
 
     class CheckpointCallback(tf.keras.callbacks.Callback):
         """Keras callback: save a checkpoint at the end of every epoch (``every``).
@@ -437,7 +429,7 @@ def _define_checkpoint_callback():
                 return
             if completed % self.every and completed != self._epochs:
                 return
-            metrics = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
+            metrics = numeric_logs(logs)
             self.last_saved = self.manager.save(
                 self.model, completed, include_optimizer=self.include_optimizer,
                 metadata={**self.extra_metadata, "logs": metrics})
@@ -445,14 +437,6 @@ def _define_checkpoint_callback():
     CheckpointCallback.__module__ = __name__
     CheckpointCallback.__qualname__ = "CheckpointCallback"
     return CheckpointCallback
-
-
-def _is_number(value) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _optimizer_of(model, optimizer):
@@ -515,3 +499,7 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# CheckpointCallback subclasses a Keras class: defined on first use (see dist_dl.lazy).
+__getattr__ = lazy_attributes(globals(), CheckpointCallback=_define_checkpoint_callback)

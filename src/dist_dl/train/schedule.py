@@ -20,15 +20,9 @@ from __future__ import annotations
 
 import math
 
+from dist_dl.lazy import lazy_attributes
+
 __all__ = ["WarmupScaledSchedule"]
-
-
-def __getattr__(name: str):
-    if name == "WarmupScaledSchedule":
-        cls = _define_schedule()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _define_schedule():
@@ -121,3 +115,7 @@ def _define_schedule():
     WarmupScaledSchedule.__module__ = __name__
     WarmupScaledSchedule.__qualname__ = "WarmupScaledSchedule"
     return tf.keras.saving.register_keras_serializable(package="dist_dl")(WarmupScaledSchedule)
+
+
+# WarmupScaledSchedule subclasses a Keras class: defined on first use (see dist_dl.lazy).
+__getattr__ = lazy_attributes(globals(), WarmupScaledSchedule=_define_schedule)

@@ -1,0 +1,27 @@
+"""Keras subclasses defined on first use.
+
+A worker must set its thread and device environment before TensorFlow loads
+(see ``dist_dl.launch.worker``), and a worker function's modules are imported
+before that, when it is unpickled. So a module that offers a subclass of a
+Keras class defines it in a function and exposes it through the module's
+``__getattr__`` (PEP 562) made here: the class is built, and TensorFlow
+imported, when the name is first looked up.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+def lazy_attributes(module_globals: dict, **factories: Callable[[], type]):
+    """A module ``__getattr__`` that builds each named attribute with its
+    factory on first use and keeps it in the module's globals."""
+    module = module_globals["__name__"]
+
+    def __getattr__(name: str):
+        factory = factories.get(name)
+        if factory is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = module_globals[name] = factory()
+        return value
+
+    return __getattr__
