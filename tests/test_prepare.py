@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -80,13 +81,18 @@ def test_synthetic_shards_have_the_documented_schema(tmp_path):
 # -- whole writes through Spark ----------------------------------------------
 
 @pytest.mark.timeout(600)
-def test_imagenet_tree_with_mixed_formats_writes_every_image(spark, tmp_path):
+def test_imagenet_tree_with_mixed_formats_writes_every_image(spark, tmp_path, capsys):
     written = write_imagenet_tree(str(tmp_path / "train"))
     out = tmp_path / "shards"
     summary = prepare_image_dataset(str(out), image_dir=str(tmp_path / "train"),
                                     config=ShardConfig(rows_per_row_group=5,
-                                                       resize_short_side=16), spark=spark)
+                                                       resize_short_side=16), spark=spark,
+                                    progress_every=0.1)
     assert (summary.rows_in, summary.rows_written, summary.rows_skipped) == (12, 12, 0)
+    # The last progress line counts every image decoded.
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(rf"prepare-data {out}: 12/12 images \([\d.]+ images/s\), "
+                        r"\d+m\d\ds in all", last), last
     assert json.loads((out / "_summary.json").read_text())["rows_written"] == 12
     index = load_label_index(str(out))
     assert index == {w: i for i, w in enumerate(WNIDS)}

@@ -18,6 +18,7 @@ from dist_dl.prepare._output import (check_destination, clear_parquet_output, co
 from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
+from dist_dl.progress import SparkProgress
 
 __all__ = ["PrepareSummary", "prepare_image_dataset"]
 
@@ -70,6 +71,7 @@ def prepare_image_dataset(
     on_bad_image: str = "fail",
     config: ShardConfig = ShardConfig(),
     spark=None,
+    progress_every: float | None = 30.0,
 ) -> PrepareSummary:
     """Write images as shards of the schema in :mod:`dist_dl.prepare.schema`.
 
@@ -117,6 +119,9 @@ def prepare_image_dataset(
         config: Encoding and layout (:class:`ShardConfig`).
         spark: SparkSession; default the DataFrame's, else the active one
             (or a local one).
+        progress_every: Seconds between progress lines on stdout (tasks,
+            images decoded and images/s, time left; ``dist_dl.progress``),
+            and a last line when done. ``None`` or 0: none.
 
     Returns:
         The :class:`PrepareSummary`, also written to ``<output>/_summary.json``.
@@ -159,6 +164,7 @@ def prepare_image_dataset(
     group = f"dist_dl-prepare-{uuid.uuid4().hex[:8]}"
     sc.setJobGroup(group, f"dist_dl: prepare image shards into {output}", interruptOnCancel=True)
     processed = None
+    decoded = sc.accumulator(0)
     try:
         rows_in = known[0] if known else src.count()
         if rows_in == 0:
@@ -170,9 +176,13 @@ def prepare_image_dataset(
         index = _resolve_labels(src, string_labels, label_index, classes, label_col,
                                 names=known[1] if known else None)
 
-        processed = src.mapInPandas(_processor(index, string_labels, config),
+        processed = src.mapInPandas(_processor(index, string_labels, config, decoded),
                                     schema=_processed_ddl()).persist()
-        by_reason, examples = _bad_rows(processed)
+        # Decoding every image (the long part) happens in the first job on
+        # `processed`; writing reads the cached result.
+        with SparkProgress(sc, group, label=f"prepare-data {output}", counter=decoded,
+                           total=rows_in, every=progress_every):
+            by_reason, examples = _bad_rows(processed)
         skipped = sum(by_reason.values())
         if skipped and on_bad_image == "fail":
             listed = "; ".join(f"{sid}: {err}" for sid, err in examples)
@@ -367,7 +377,9 @@ def _processed_ddl() -> str:
             "width int, _error string")
 
 
-def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig):
+def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, counter=None):
+    """The task function that decodes and re-encodes images; adds the rows
+    it has handled to ``counter`` (an accumulator, for progress)."""
     names = {i: name for name, i in index.items()}
     resize, quality = config.resize_short_side, config.jpeg_quality
 
@@ -410,6 +422,8 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig):
                 if len(out) >= _OUT_CHUNK:
                     yield pd.DataFrame(out, columns=_COLUMNS)
                     out = []
+            if counter is not None:
+                counter.add(len(frame))
         if out:
             yield pd.DataFrame(out, columns=_COLUMNS)
 

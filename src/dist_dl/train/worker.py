@@ -270,6 +270,7 @@ def _learning_rate_callback(tf, schedule):
 def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: float = 30.0):
     """Progress lines to the driver: epoch, step, images/s and time left."""
     from dist_dl.launch import log_to_driver
+    from dist_dl.progress import format_duration
 
     class Progress(tf.keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -294,7 +295,7 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
             rate = self._done / max(now - self._start, 1e-9)
             left = ((epochs - self._epoch) * steps - step) / rate if rate > 0 else math.inf
             text = (f"epoch {self._epoch + 1}/{epochs} step {step}/{steps}: "
-                    f"{rate * global_batch:.1f} images/s, {_duration(left)} left")
+                    f"{rate * global_batch:.1f} images/s, {format_duration(left)} left")
             if logs:
                 shown = {k: v for k, v in logs.items() if k in ("loss", "accuracy", "val_loss",
                                                                 "val_accuracy")}
@@ -302,14 +303,6 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
             log_to_driver(text)
 
     return Progress()
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool) -> dict:
