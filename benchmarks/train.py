@@ -11,6 +11,8 @@ these levers as extra distributed setups, each against the same ceiling:
 - cycle1, cycle5, cycle10, cycle20: HOROVOD_CYCLE_TIME of 1 (Horovod's
   default), 5 (the library's default on CPU workers), 10 or 20 ms;
 - bpps2: gradients of 2 batches accumulated before each allreduce;
+- groups1: all gradients in one explicit allreduce group per step (and
+  groups1_cycle20: that with a 20 ms cycle);
 - pinned: each worker pinned to its own core;
 - spark: the workers as Spark tasks on local[2] (horovod.spark.run) instead
   of processes.
@@ -36,6 +38,8 @@ LEVERS = {
     "cycle10": {"cycle_time_ms": 10.0},
     "cycle20": {"cycle_time_ms": 20.0},
     "bpps2": {"backward_passes_per_step": 2},
+    "groups1": {"allreduce_groups": 1},
+    "groups1_cycle20": {"allreduce_groups": 1, "cycle_time_ms": 20.0},
     "pinned": {"pin_cpus": True},
     "spark": {"backend": "spark"},
 }

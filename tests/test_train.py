@@ -73,6 +73,10 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     difference = _max_difference(_weights(one), _weights(two))
     print(f"largest weight difference after 3 steps: {difference:.2e}")
     assert difference < 1e-5
+    # All gradients in one explicit allreduce group: the same update.
+    grouped = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
+                                allreduce_groups=1, **common)
+    assert _max_difference(_weights(one), _weights(grouped)) < 1e-5
     # The tolerance tells updates apart: unscaled, two workers step half as far.
     probe = str(tmp_path / "cycle_time")
     unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,

@@ -99,6 +99,10 @@ class TrainConfig:
             None: Horovod's default (1 ms in 0.28.1) on GPU workers, 5 ms on
             CPU workers, where that thread takes CPU time from the compute
             (measured: benchmarks/RESULTS.md).
+        allreduce_groups: Gradients allreduced in this many explicit groups
+            (Horovod's ``DistributedOptimizer(groups=...)``; 1: one fused
+            allreduce per step, negotiated once); None: Horovod's default,
+            each gradient on its own, fused by the cycle time.
         fusion_threshold_mb: Horovod's tensor fusion buffer
             (``HOROVOD_FUSION_THRESHOLD``); None: Horovod's default (128 MB).
         seed: Seed of weights, shuffling and augmentation.
@@ -151,6 +155,7 @@ class TrainConfig:
     fp16_allreduce: bool = False
     backward_passes_per_step: int = 1
     cycle_time_ms: float | None = None
+    allreduce_groups: int | None = None
     fusion_threshold_mb: int | None = None
     seed: int = 0
     deterministic: bool = False
@@ -173,7 +178,8 @@ class TrainConfig:
         for name in ("num_workers", "epochs", "batch_size", "shuffle_buffer", "reader_threads",
                      "keep_checkpoints", "backward_passes_per_step"):
             _positive_int(name, getattr(self, name))
-        for name in ("threads_per_worker", "max_steps_per_epoch", "fusion_threshold_mb"):
+        for name in ("threads_per_worker", "max_steps_per_epoch", "fusion_threshold_mb",
+                     "allreduce_groups"):
             _positive_int(name, getattr(self, name), allow_none=True)
         if self.backend not in BACKENDS:
             raise ValueError(f"TrainConfig.backend must be one of {BACKENDS}, got {self.backend!r}")

@@ -115,7 +115,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
         backward_passes_per_step=cfg.backward_passes_per_step,
-        average_aggregated_gradients=True)
+        average_aggregated_gradients=True, groups=cfg.allreduce_groups)
     if mixed:
         # Loss scaling outside the allreduce: the scaled gradients are averaged
         # (a linear operation), then unscaled and checked for overflow, with
