@@ -164,6 +164,8 @@ def _phase_seconds(sc, since_ms: float) -> dict:
     """Seconds from first submission to last completion of the Spark jobs of
     each ``train_ensemble`` phase (jobs it names "dist_dl ensemble: ...")
     submitted after ``since_ms``."""
+    from dist_dl.ensemble.driver import PHASE_PREFIX
+
     # The status store is Spark's own record of jobs (what the UI shows); it
     # is kept with the UI off. Not public API: good enough for a benchmark.
     jobs = sc._jsc.sc().statusStore().jobsList(None)
@@ -171,13 +173,13 @@ def _phase_seconds(sc, since_ms: float) -> dict:
     for i in range(jobs.length()):
         job = jobs.apply(i)
         desc = job.description()
-        if not desc.isDefined() or not desc.get().startswith("dist_dl ensemble: "):
+        if not desc.isDefined() or not desc.get().startswith(PHASE_PREFIX):
             continue
         start = job.submissionTime().get().getTime()
         if start < since_ms or not job.completionTime().isDefined():
             continue
         end = job.completionTime().get().getTime()
-        phase = desc.get()[len("dist_dl ensemble: "):]
+        phase = desc.get()[len(PHASE_PREFIX):]
         lo, hi = spans.get(phase, (start, end))
         spans[phase] = (min(lo, start), max(hi, end))
     return {phase: (hi - lo) / 1000 for phase, (lo, hi) in spans.items()}

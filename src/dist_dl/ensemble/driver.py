@@ -203,10 +203,14 @@ def _label_type(classes):
     return T.StringType()
 
 
+# Prefix of the descriptions of train_ensemble's Spark jobs (one per phase).
+PHASE_PREFIX = "dist_dl ensemble: "
+
+
 def _describe(sc, phase: str) -> None:
     # Names the next Spark jobs in the UI and event log (and lets a benchmark
     # time each phase).
-    sc.setLocalProperty("spark.job.description", f"dist_dl ensemble: {phase}")
+    sc.setLocalProperty("spark.job.description", PHASE_PREFIX + phase)
 
 
 def _check_counts(stats, spec: _Spec) -> tuple[tuple, list[int]]:
