@@ -2,7 +2,11 @@
 figures themselves come from benchmarks/train.py on a quiet machine)."""
 import pytest
 
-from dist_dl.bench import run_benchmark
+import subprocess
+import sys
+import time
+
+from dist_dl.bench import CpuSampler, run_benchmark, thread_split
 from dist_dl.config import BenchConfig
 from dist_dl.train.timing import StepTimes
 
@@ -32,5 +36,36 @@ def test_every_setup_runs_and_ratios_are_per_round(tmp_path):
                                            / setups["ceiling"]["images_per_second"][0]]
     assert report["ratios"]["overhead"] == [setups["dist_1"]["images_per_second"][0]
                                             / setups["plain_1"]["images_per_second"][0]]
+    assert all(len(v["threads"]) == 1 for v in setups.values())
     assert any("dist / ceiling: median" in line for line in lines)
     assert (tmp_path / "bench.json").exists()
+
+
+BUSY_CHILD = """
+import threading, time
+idle = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+idle.start()
+end = time.perf_counter() + {seconds}
+while time.perf_counter() < end:
+    pass
+"""
+
+
+@pytest.mark.timeout(60)
+def test_cpu_sampler_finds_the_busy_thread_of_a_child():
+    with CpuSampler(interval=0.2) as sampler:
+        start = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=3)])
+        child.wait(timeout=30)
+    window = sampler.window(start + 0.5, start + 2.5)
+    assert window is not None and child.pid in window
+    threads = sorted(window[child.pid]["threads"].values(), key=lambda us: -sum(us))
+    assert len(threads) == 2  # the spinning main thread and the sleeping one
+    assert sum(threads[0]) > 0.3  # spinning (below 1.0 on a busy machine)
+    assert sum(threads[1]) < 0.05  # sleeping
+    split = thread_split(window, processes=1)
+    assert split["main"] == pytest.approx(sum(threads[0]))
+    assert split["other_user"] + split["other_sys"] < 0.05
+    # A window with fewer than two samples gives nothing, not a made-up rate.
+    assert sampler.window(start + 0.5, start + 0.55) is None
+    assert thread_split(None, 1) is None

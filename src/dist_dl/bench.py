@@ -18,6 +18,12 @@ through the same reader, and times the same training steps (after
 The setups run interleaved, in a rotated order each round, and the report
 gives medians and ranges of the per-round ratios: on a shared machine the
 same process can run at half speed minutes later.
+
+Beside throughput, each run records where its workers' CPU went over the
+timed steps (:class:`CpuSampler`): the busiest thread of each worker (with
+one TensorFlow thread per worker, the compute) against all its other threads
+(input pipeline; in the distributed setups also Horovod's background thread
+and Gloo's socket loop, whose time is mostly system time on loopback).
 """
 from __future__ import annotations
 
@@ -32,7 +38,100 @@ from typing import Callable
 from dist_dl.config import BenchConfig
 from dist_dl.train.config import TrainConfig
 
-__all__ = ["run_benchmark", "StepRecorder"]
+__all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "thread_split"]
+
+
+class CpuSampler:
+    """CPU time of every thread of this process's descendants (the workers,
+    and on Spark the JVM and its Python workers), read through psutil every
+    ``interval`` seconds by a background thread while the ``with`` block runs.
+
+    :meth:`window` turns two samples into CPU seconds per wall second, per
+    process and thread, on the ``time.perf_counter`` clock (the clock of
+    ``StepTimes``: on Linux one monotonic clock for every process).
+    """
+
+    def __init__(self, interval: float = 1.0):
+        import threading
+
+        self.interval = interval
+        self.samples: list[tuple[float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dist_dl-cpu-sampler",
+                                        daemon=True)
+
+    @staticmethod
+    def _snapshot() -> dict:
+        """{pid: (command, {tid: (user, system)})} of all descendants now."""
+        import psutil
+
+        out = {}
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                name = " ".join(proc.cmdline()[:3])
+                out[proc.pid] = (name, {t.id: (t.user_time, t.system_time)
+                                        for t in proc.threads()})
+            except psutil.Error:  # ended between listing and reading
+                continue
+        return out
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            self.samples.append((time.perf_counter(), self._snapshot()))
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, start: float, end: float) -> dict | None:
+        """CPU s/s between the first and last samples taken inside
+        ``[start, end]``: ``{pid: {"command": str, "threads": {tid: (user,
+        system)}}}`` for threads alive at both; None with fewer than two
+        samples inside (a window shorter than ``interval``)."""
+        inside = [(t, snap) for t, snap in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return None
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        seconds = t1 - t0
+        out = {}
+        for pid, (command, threads) in last.items():
+            before = first.get(pid, (None, {}))[1]
+            out[pid] = {"command": command, "threads": {
+                tid: ((u - before[tid][0]) / seconds, (s - before[tid][1]) / seconds)
+                for tid, (u, s) in threads.items() if tid in before}}
+        return out
+
+
+def thread_split(window: dict | None, processes: int) -> dict | None:
+    """Where the CPU of the ``processes`` busiest processes of a
+    :meth:`CpuSampler.window` went: ``{"main": ..., "other_user": ...,
+    "other_sys": ...}``, medians over those processes of the busiest thread's
+    CPU s/s (in a training worker with one TensorFlow thread: the compute) and
+    of all its other threads' user and system CPU s/s (input pipeline; with
+    Horovod also the background thread and Gloo's socket loop)."""
+    if not window:
+        return None
+    busiest = sorted(window.values(), key=lambda p: -sum(u + s for u, s in p["threads"].values()))
+    main, other_user, other_sys = [], [], []
+    for proc in busiest[:processes]:
+        threads = sorted(proc["threads"].values(), key=lambda us: -(us[0] + us[1]))
+        if not threads:
+            continue
+        main.append(sum(threads[0]))
+        other_user.append(sum(u for u, _ in threads[1:]))
+        other_sys.append(sum(s for _, s in threads[1:]))
+    if not main:
+        return None
+    return {"main": statistics.median(main), "other_user": statistics.median(other_user),
+            "other_sys": statistics.median(other_sys)}
 
 
 class StepRecorder:
@@ -88,7 +187,8 @@ def _plain_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecor
 
 
 def _measure(prefix: str, ranks: int, images_per_step: int, warmup: int, together: bool):
-    """(images/s, CPU s per wall s of rank 0) from the recorders' files.
+    """(images/s, CPU s per wall s of rank 0, (start, end) of rank 0's timed
+    steps on the perf_counter clock) from the recorders' files.
 
     ``together``: one synchronous job (every rank's step is a global step, so
     rank 0's clock times ``images_per_step`` of all ranks); otherwise
@@ -96,7 +196,7 @@ def _measure(prefix: str, ranks: int, images_per_step: int, warmup: int, togethe
     """
     from dist_dl.train.timing import StepTimes
 
-    rates, cpus = [], []
+    rates, cpus, window = [], [], None
     for rank in range(ranks):
         with open(f"{prefix}-rank{rank}.json") as f:
             raw = json.load(f)
@@ -104,11 +204,13 @@ def _measure(prefix: str, ranks: int, images_per_step: int, warmup: int, togethe
         times.wall, times.cpu = raw["wall"], raw["cpu"]
         rates.append(times.rate(images_per_step, skip=warmup))
         cpus.append(times.cpu_per_second(skip=warmup))
+        if window is None and len(times.wall) > warmup:
+            window = (times.wall[warmup - 1], times.wall[-1])
         if together:
             break
     if any(r is None for r in rates):
         raise RuntimeError(f"{prefix}: too few steps were timed; raise bench.steps")
-    return sum(rates), cpus[0]
+    return sum(rates), cpus[0], window
 
 
 def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
@@ -124,7 +226,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
 
     Returns:
         ``{"setups": {name: {"images_per_second": [...], "cpu_per_second":
-        [...]}}, "ratios": {"overhead": [...], "scaling": [...], <variant>:
+        [...], "threads": [thread_split(...) or None, ...]}}, "ratios": {"overhead": [...], "scaling": [...], <variant>:
         [...]}, "summary": {ratio: {"median", "min", "max"}}, "config": ...}``;
         also written to ``cfg.output`` as JSON when set.
     """
@@ -156,19 +258,23 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         def plain(config: TrainConfig, ranks: int, pin: bool):
             def run():
                 prefix = os.path.join(scratch, f"t{next(counter)}")
-                HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
-                              pin_cpus=pin).run(_plain_fit, files=files, config=config,
-                                                steps=steps, recorder=StepRecorder(prefix))
-                return _measure(prefix, ranks, config.batch_size, cfg.warmup_steps, False)
+                with CpuSampler() as sampler:
+                    HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
+                                  pin_cpus=pin).run(_plain_fit, files=files, config=config,
+                                                    steps=steps, recorder=StepRecorder(prefix))
+                return _measure(prefix, ranks, config.batch_size, cfg.warmup_steps,
+                                False) + (sampler, ranks)
             return run
 
         def distributed(config: TrainConfig):
             def run():
                 prefix = os.path.join(scratch, f"t{next(counter)}")
-                train_distributed(shards, config=config, tracking_uri=tracking,
-                                  callbacks=StepRecorder(prefix), spark=spark)
+                with CpuSampler() as sampler:
+                    train_distributed(shards, config=config, tracking_uri=tracking,
+                                      callbacks=StepRecorder(prefix), spark=spark)
                 return _measure(prefix, config.num_workers,
-                                config.batch_size * config.num_workers, cfg.warmup_steps, True)
+                                config.batch_size * config.num_workers, cfg.warmup_steps,
+                                True) + (sampler, config.num_workers)
             return run
 
         setups = {"plain_1": plain(single, 1, False), "dist_1": distributed(single),
@@ -177,16 +283,22 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                   "dist": distributed(scaled)}
         for name, changes in variants.items():
             setups[name] = distributed(dataclasses.replace(scaled, **changes))
-        results = {name: {"images_per_second": [], "cpu_per_second": []} for name in setups}
+        results = {name: {"images_per_second": [], "cpu_per_second": [], "threads": []}
+                   for name in setups}
         names = list(setups)
         for round_index in range(cfg.rounds):
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                rate, cpu = setups[name]()
+                rate, cpu, window, sampler, ranks = setups[name]()
+                split = thread_split(sampler.window(*window) if window else None, ranks)
                 results[name]["images_per_second"].append(rate)
                 results[name]["cpu_per_second"].append(cpu)
+                results[name]["threads"].append(split)
+                threads = ("" if split is None else
+                           f"; per worker: main thread {split['main']:.2f}, others "
+                           f"{split['other_user']:.2f} user + {split['other_sys']:.2f} system")
                 out(f"round {round_index + 1}/{cfg.rounds} {name:>12s}: {rate:8.1f} images/s, "
-                    f"{cpu if cpu is not None else float('nan'):.2f} CPU s/s (rank 0)")
+                    f"{cpu if cpu is not None else float('nan'):.2f} CPU s/s (rank 0){threads}")
         report = _report(results, variants, cfg)
         for line in _table(report):
             out(line)
@@ -214,12 +326,20 @@ def _report(results: dict, variants: dict, cfg: BenchConfig) -> dict:
 
 
 def _table(report: dict) -> list[str]:
-    lines = ["", f"{'setup':>12s}  images/s median (min-max)   CPU s/s median"]
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else float("nan")
+
+    lines = ["", f"{'setup':>12s}  images/s median (min-max)   CPU s/s median   "
+                 "per worker: main thread, other threads user + system"]
     for name, values in report["setups"].items():
         rates = values["images_per_second"]
-        cpus = [c for c in values["cpu_per_second"] if c is not None]
+        splits = [s for s in values.get("threads", []) if s]
         lines.append(f"{name:>12s}  {statistics.median(rates):8.1f} ({min(rates):.1f}-"
-                     f"{max(rates):.1f})   {statistics.median(cpus) if cpus else float('nan'):.2f}")
+                     f"{max(rates):.1f})   {median(values['cpu_per_second']):14.2f}   "
+                     f"{median(s['main'] for s in splits):.2f}, "
+                     f"{median(s['other_user'] for s in splits):.2f} + "
+                     f"{median(s['other_sys'] for s in splits):.2f}")
     lines.append("")
     labels = {"overhead": "dist_1 / plain_1", "scaling": "dist / ceiling"}
     for name, s in report["summary"].items():
