@@ -24,7 +24,10 @@ or other processes using more than half a core while this one is idle),
 because on a 2-core machine other jobs take cores from the parallel setups
 first. The report gives medians, the spread, CPU seconds per wall second of
 the whole machine (from /proc/stat) during each run, the load average, and the
-time of each phase of ``train_ensemble`` (its Spark jobs, by description).
+time of each phase of ``train_ensemble`` (its Spark jobs, by description),
+and where ``train_ensemble``'s CPU went: the JVM, the Python workers (and of
+that, the members' fits alone, from the ``member_<i>_fit_seconds`` it logs)
+and this driver process.
 
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/ensemble.py [--models 4] [--rows 200000]
 """
@@ -109,26 +112,33 @@ def _load_and_split(path, feature_cols, n, seed):
 
 
 def _fit_and_proba(factory, i, x_train, y_train, x_val, num_classes):
+    """A member's held-out probabilities, and the seconds of its fit alone
+    (what ``train_ensemble`` logs as ``member_<i>_fit_seconds``)."""
     from dist_dl.ensemble.members import member_proba
 
-    return member_proba(factory(i).fit(x_train, y_train), x_val, num_classes)
+    model = factory(i)
+    start = time.perf_counter()
+    model.fit(x_train, y_train)
+    return member_proba(model, x_val, num_classes), time.perf_counter() - start
 
 
-def _scores(probas, y_val):
+def _scores(fitted, y_val):
     """Each member's accuracy and the vote's, as ``train_ensemble`` scores them
-    (labels here are 0..k-1, so class indices are the labels)."""
+    (labels here are 0..k-1, so class indices are the labels), and the fits'
+    seconds, from ``_fit_and_proba``'s results."""
     from dist_dl.ensemble.members import combine
 
+    probas = [p for p, _ in fitted]
     members = [float((p.argmax(axis=1) == y_val).mean()) for p in probas]
-    return members, float((combine(probas, "vote") == y_val).mean())
+    return members, float((combine(probas, "vote") == y_val).mean()), [t for _, t in fitted]
 
 
 def sequential(path, factory, n, feature_cols, seed, num_classes=3):
     """The same n forests, one after another, in this process."""
     parts, x_val, y_val = _load_and_split(path, feature_cols, n, seed)
-    probas = [_fit_and_proba(factory, i, x, y, x_val, num_classes)
+    fitted = [_fit_and_proba(factory, i, x, y, x_val, num_classes)
               for i, (x, y) in enumerate(parts)]
-    return _scores(probas, y_val)
+    return _scores(fitted, y_val)
 
 
 def two_processes(pool, path, factory, n, feature_cols, seed, num_classes=3):
@@ -183,6 +193,22 @@ def _phase_seconds(sc, since_ms: float) -> dict:
         lo, hi = spans.get(phase, (start, end))
         spans[phase] = (min(lo, start), max(hi, end))
     return {phase: (hi - lo) / 1000 for phase, (lo, hi) in spans.items()}
+
+
+def _cpu_by_role(sampler, start: float, end: float) -> dict:
+    """CPU seconds of the JVM and of the Python workers between ``start`` and
+    ``end`` (perf_counter clock), from a ``CpuSampler``."""
+    window = sampler.window(start, end)
+    inside = [t for t, _ in sampler.samples if start <= t <= end]
+    seconds = inside[-1] - inside[0] if window else 0.0
+    roles = {"jvm": 0.0, "python workers": 0.0}
+    for proc in (window or {}).values():
+        cpu = sum(u + s for u, s in proc["threads"].values()) * seconds
+        if "java" in proc["command"]:
+            roles["jvm"] += cpu
+        elif "pyspark" in proc["command"]:
+            roles["python workers"] += cpu
+    return roles
 
 
 def main(argv=None):
@@ -253,7 +279,11 @@ def main(argv=None):
     list(pool.map(_warm_worker, range(2)))
     shipped = _Shipped(cloudpickle.dumps(factory))
 
-    rows, phases, starts = [], [], []
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.bench import CpuSampler
+
+    rows, phases, starts, cpus, fit_seconds = [], [], [], [], {}
     order = ("sequential", "spark", "2 processes")
     for r in range(args.rounds):
         load, others, quiet = wait_for_quiet(args.max_load, args.max_wait)
@@ -264,17 +294,31 @@ def main(argv=None):
         for name in order[r % 3:] + order[:r % 3]:
             if name == "spark":
                 since = time.time() * 1000
-                wall, util, ens = _measure(lambda: spark_run(r))
+                driver0 = time.process_time()
+                with CpuSampler(interval=0.5) as sampler:
+                    start = time.perf_counter()
+                    wall, util, ens = _measure(lambda: spark_run(r))
+                    end = time.perf_counter()
+                cpu = _cpu_by_role(sampler, start, end)
+                cpu["driver"] = time.process_time() - driver0
+                metrics = MlflowClient(tracking_uri=uri).get_run(ens.run_id).data.metrics
+                cpu["member fits"] = sum(metrics[f"member_{i}_fit_seconds"]
+                                         for i in range(args.models))
+                cpus.append(cpu)
+                fits = [metrics[f"member_{i}_fit_seconds"] for i in range(args.models)]
                 members, vote = ens.member_scores, ens.score
                 phases.append(_phase_seconds(spark.sparkContext, since))
-                note = ", ".join(f"{k} {v:.1f} s" for k, v in phases[-1].items())
+                note = (", ".join(f"{k} {v:.1f} s" for k, v in phases[-1].items())
+                        + "; CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
             else:
                 run = sequential if name == "sequential" else (
                     lambda *a: two_processes(pool, *a))
                 fac = factory if name == "sequential" else shipped
-                wall, util, (members, vote) = _measure(
+                wall, util, (members, vote, fits) = _measure(
                     lambda: run(path, fac, args.models, cols, r))
                 note = ""
+            fit_seconds.setdefault(name, []).extend(fits)
+            note = f"fits {min(fits):.1f}-{max(fits):.1f} s; " + note
             rows.append((r, name, wall, util))
             print(f"  {name:11s} {wall:6.1f} s  machine CPU {util:4.2f} s/s  load "
                   f"{os.getloadavg()[0]:4.1f}  vote {vote:.3f}, members {min(members):.3f}.."
@@ -293,9 +337,17 @@ def main(argv=None):
         walls[name] = times
         print(f"{name:11s} median {statistics.median(times):6.1f} s (range {min(times):.1f}-"
               f"{max(times):.1f}), machine CPU {min(utils):.2f}-{max(utils):.2f} s/s")
+    for name in order:
+        values = fit_seconds[name]
+        print(f"  one member's fit alone, {name}: median {statistics.median(values):.2f} s "
+              f"(range {min(values):.2f}-{max(values):.2f})")
     for phase in phases[0]:
         values = [p.get(phase, float("nan")) for p in phases]
         print(f"  spark phase '{phase}': median {statistics.median(values):.1f} s "
+              f"(range {min(values):.1f}-{max(values):.1f})")
+    for role in cpus[0]:
+        values = [c[role] for c in cpus]
+        print(f"  spark CPU seconds, {role}: median {statistics.median(values):.1f} "
               f"(range {min(values):.1f}-{max(values):.1f})")
     rest = [w - sum(p.values()) for w, p in zip(walls["spark"], phases)]
     print(f"  spark outside its jobs (driver: plan, MLflow run and model): median "

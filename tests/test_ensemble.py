@@ -75,6 +75,10 @@ def test_forest_ensemble_beats_its_members_and_matches_mlflow_model(spark, tmp_p
     assert run.data.metrics["ensemble_val_accuracy"] == pytest.approx(ens.score)
     for i in range(4):
         assert run.data.metrics[f"member_{i}_val_accuracy"] == pytest.approx(ens.member_scores[i])
+        # The fit alone, inside the task's time (which adds the rows' arrival
+        # and pickling the member).
+        fit, task = (run.data.metrics[f"member_{i}_{k}_seconds"] for k in ("fit", "train"))
+        assert 0 < fit <= task
     assert run.data.params["num_models"] == "4"
 
 

@@ -94,8 +94,10 @@ class CpuSampler:
     def window(self, start: float, end: float) -> dict | None:
         """CPU s/s between the first and last samples taken inside
         ``[start, end]``: ``{pid: {"command": str, "threads": {tid: (user,
-        system)}}}`` for threads alive at both; None with fewer than two
-        samples inside (a window shorter than ``interval``)."""
+        system)}}}`` for threads alive at the last (one started after the
+        first counts all its CPU time; one ended before the last is missed);
+        None with fewer than two samples inside (a window shorter than
+        ``interval``)."""
         inside = [(t, snap) for t, snap in self.samples if start <= t <= end]
         if len(inside) < 2:
             return None
@@ -105,8 +107,9 @@ class CpuSampler:
         for pid, (command, threads) in last.items():
             before = first.get(pid, (None, {}))[1]
             out[pid] = {"command": command, "threads": {
-                tid: ((u - before[tid][0]) / seconds, (s - before[tid][1]) / seconds)
-                for tid, (u, s) in threads.items() if tid in before}}
+                tid: ((u - before.get(tid, (0.0, 0.0))[0]) / seconds,
+                      (s - before.get(tid, (0.0, 0.0))[1]) / seconds)
+                for tid, (u, s) in threads.items()}}
         return out
 
 

@@ -425,6 +425,7 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
         for i, s in enumerate(member_scores):
             metrics[f"member_{i}_val_accuracy"] = s
             metrics[f"member_{i}_train_seconds"] = results[i].end - results[i].start
+            metrics[f"member_{i}_fit_seconds"] = results[i].fit_seconds
         mlflow.log_metrics(metrics)
         mlflow.pyfunc.log_model(
             "model",

@@ -21,7 +21,7 @@ __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
            "predict_partition", "shared_scorer"]
 
 TRAIN_SCHEMA = ("member int, model binary, rows long, start double, end double, "
-                "error string")
+                "fit_seconds double, error string")
 SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
 
 # The scorer of the last broadcast this Python worker used: (broadcast, args,
@@ -76,7 +76,7 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         columns=[*feature_cols, label_col])
     del frames
     row = {"member": member, "model": None, "rows": len(pdf), "start": start,
-           "end": None, "error": None}
+           "end": None, "fit_seconds": None, "error": None}
     if len(pdf) == 0:
         row["error"] = "the partition is empty"
     else:
@@ -84,7 +84,12 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         index = {c: i for i, c in enumerate(classes)}
         y = pdf[label_col].map(index).to_numpy(dtype=np.int64)
         del pdf
-        model = fit_member(_call_factory(factory, member), x, y, fit_kwargs)
+        model = _call_factory(factory, member)
+        fit_start = time.perf_counter()
+        model = fit_member(model, x, y, fit_kwargs)
+        # The fit alone; start..end also holds the rows' arrival from the JVM
+        # and pickling the member.
+        row["fit_seconds"] = time.perf_counter() - fit_start
         row["model"] = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
     row["end"] = time.time()
     yield pd.DataFrame([row])
