@@ -87,7 +87,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
-    _default_cycle_time(cfg)
+    _default_cycle_time(spec)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     mixed = _pin_devices_and_precision(tf, cfg, hvd.local_rank())
@@ -167,21 +167,51 @@ def train_worker(spec: WorkerSpec) -> dict | None:
 
 
 # Horovod's background thread wakes every cycle (1 ms by default since
-# Horovod 0.21, chosen for GPU servers). On CPU workers that thread competes
-# with the compute threads for the same few cores: measured here (ResNet50,
-# 2 workers of one core each, benchmarks/RESULTS.md) 5 ms beat 1 ms in every
-# round of two runs, by 1.10-1.33x in images/s.
+# Horovod 0.21, chosen for GPU servers) and negotiates with the other ranks.
+# On CPU workers that thread and Gloo's socket loop take their CPU from the
+# compute on the same few cores. Measured here (benchmarks/RESULTS.md, two
+# one-core workers): 5 ms beat 1 ms in every round of two ResNet50 runs
+# (1.10-1.33x); for ResNet50 (94 MB of gradients) 20 ms beat 5 ms in 7
+# rounds of 8 (about 1.15x) and halved the communication threads' system
+# time, while on the small CNN (0.4 MB) 20 ms was level with 5 ms. A cycle
+# can delay each step's last allreduce by up to its length, which a model
+# with millisecond steps would feel, so the long cycle is for large
+# gradients only: at 16 MB or more (4 M float32 parameters) an allreduce
+# takes tens of milliseconds itself.
 CPU_CYCLE_TIME_MS = 5.0
+CPU_LARGE_MODEL_CYCLE_TIME_MS = 20.0
+LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 
 
-def _default_cycle_time(cfg: TrainConfig) -> None:
+def cpu_cycle_time_ms(gradient_bytes: int) -> float:
+    """The cycle time CPU workers get when nobody chose one."""
+    return (CPU_LARGE_MODEL_CYCLE_TIME_MS if gradient_bytes >= LARGE_GRADIENT_BYTES
+            else CPU_CYCLE_TIME_MS)
+
+
+def _default_cycle_time(spec: WorkerSpec) -> None:
     """Before ``hvd.init()``: unless the user chose a cycle time (in the
-    config or the environment), CPU workers get ``CPU_CYCLE_TIME_MS``."""
+    config or the environment), CPU workers get ``cpu_cycle_time_ms`` of
+    their model's gradient size. GPU workers keep Horovod's default."""
     from dist_dl.launch.device import visible_gpus
 
-    if cfg.cycle_time_ms is None and "HOROVOD_CYCLE_TIME" not in os.environ \
+    if spec.config.cycle_time_ms is None and "HOROVOD_CYCLE_TIME" not in os.environ \
             and not visible_gpus():
-        os.environ["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
+        os.environ["HOROVOD_CYCLE_TIME"] = str(cpu_cycle_time_ms(_gradient_bytes(spec)))
+
+
+def _gradient_bytes(spec: WorkerSpec) -> int:
+    """Bytes of one step's float32 gradients, from a throwaway build of the
+    model: Horovod reads the cycle time once, in ``hvd.init()``, and the
+    real model is built after it (with the rank's seed). Costs one extra
+    build (about a second for ResNet50 here)."""
+    import tensorflow as tf
+
+    model = _build(spec, mixed=False)
+    count = sum(int(tf.size(w)) for w in model.trainable_weights)
+    del model
+    tf.keras.backend.clear_session()  # the real build gets the same layer names
+    return 4 * count
 
 
 def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
