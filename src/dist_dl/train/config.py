@@ -96,9 +96,10 @@ class TrainConfig:
             images per worker).
         cycle_time_ms: Horovod's cycle time (``HOROVOD_CYCLE_TIME``): how long
             its background thread waits to batch tensors into one allreduce.
-            None: Horovod's default (1 ms in 0.28.1) on GPU workers, 5 ms on
-            CPU workers, where that thread takes CPU time from the compute
-            (measured: benchmarks/RESULTS.md).
+            None: Horovod's default (1 ms in 0.28.1) on GPU workers; on CPU
+            workers, where that thread takes CPU time from the compute, 20 ms
+            for models with 16 MB or more of float32 gradients and 5 ms for
+            smaller ones (measured: benchmarks/RESULTS.md).
         allreduce_groups: Gradients allreduced in this many explicit groups
             (Horovod's ``DistributedOptimizer(groups=...)``; 1: one fused
             allreduce per step, negotiated once); None: Horovod's default,
