@@ -300,12 +300,12 @@ def main(argv=None):
                     wall, util, ens = _measure(lambda: spark_run(r))
                     end = time.perf_counter()
                 cpu = _cpu_by_role(sampler, start, end)
+                # This process: the driver's work and the sampler's own reads.
                 cpu["driver"] = time.process_time() - driver0
                 metrics = MlflowClient(tracking_uri=uri).get_run(ens.run_id).data.metrics
-                cpu["member fits"] = sum(metrics[f"member_{i}_fit_seconds"]
-                                         for i in range(args.models))
-                cpus.append(cpu)
                 fits = [metrics[f"member_{i}_fit_seconds"] for i in range(args.models)]
+                cpu["member fits"] = sum(fits)
+                cpus.append(cpu)
                 members, vote = ens.member_scores, ens.score
                 phases.append(_phase_seconds(spark.sparkContext, since))
                 note = (", ".join(f"{k} {v:.1f} s" for k, v in phases[-1].items())

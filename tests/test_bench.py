@@ -1,10 +1,10 @@
 """The benchmark's clock and its side-by-side runner (tiny settings: the
 figures themselves come from benchmarks/train.py on a quiet machine)."""
-import pytest
-
 import subprocess
 import sys
 import time
+
+import pytest
 
 from dist_dl.bench import CpuSampler, run_benchmark, thread_split
 from dist_dl.config import BenchConfig

@@ -229,8 +229,9 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
 
     Returns:
         ``{"setups": {name: {"images_per_second": [...], "cpu_per_second":
-        [...], "threads": [thread_split(...) or None, ...]}}, "ratios": {"overhead": [...], "scaling": [...], <variant>:
-        [...]}, "summary": {ratio: {"median", "min", "max"}}, "config": ...}``;
+        [...], "threads": [thread_split(...) or None, ...]}}, "ratios":
+        {"overhead": [...], "scaling": [...], <variant>: [...]}, "summary":
+        {ratio: {"median", "min", "max"}}, "config": ...}``;
         also written to ``cfg.output`` as JSON when set.
     """
     from dist_dl.launch import HorovodRunner

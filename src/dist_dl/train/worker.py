@@ -204,7 +204,7 @@ def _gradient_bytes(spec: WorkerSpec) -> int:
     """Bytes of one step's float32 gradients, from a throwaway build of the
     model: Horovod reads the cycle time once, in ``hvd.init()``, and the
     real model is built after it (with the rank's seed). Costs one extra
-    build (about a second for ResNet50 here)."""
+    build of the model on CPU workers that were given no cycle time."""
     import tensorflow as tf
 
     model = _build(spec, mixed=False)
