@@ -198,9 +198,7 @@ def _phase_seconds(sc, since_ms: float) -> dict:
 def _cpu_by_role(sampler, start: float, end: float) -> dict:
     """CPU seconds of the JVM and of the Python workers between ``start`` and
     ``end`` (perf_counter clock), from a ``CpuSampler``."""
-    window = sampler.window(start, end)
-    inside = [t for t, _ in sampler.samples if start <= t <= end]
-    seconds = inside[-1] - inside[0] if window else 0.0
+    window, seconds = sampler.window(start, end), sampler.span(start, end)
     roles = {"jvm": 0.0, "python workers": 0.0}
     for proc in (window or {}).values():
         cpu = sum(u + s for u, s in proc["threads"].values()) * seconds

@@ -91,6 +91,14 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
+    def _inside(self, start: float, end: float) -> list:
+        return [(t, snap) for t, snap in self.samples if start <= t <= end]
+
+    def span(self, start: float, end: float) -> float:
+        """Seconds that :meth:`window` covers (0.0 when it gives None)."""
+        inside = self._inside(start, end)
+        return inside[-1][0] - inside[0][0] if len(inside) >= 2 else 0.0
+
     def window(self, start: float, end: float) -> dict | None:
         """CPU s/s between the first and last samples taken inside
         ``[start, end]``: ``{pid: {"command": str, "threads": {tid: (user,
@@ -98,7 +106,7 @@ class CpuSampler:
         first counts all its CPU time; one ended before the last is missed);
         None with fewer than two samples inside (a window shorter than
         ``interval``)."""
-        inside = [(t, snap) for t, snap in self.samples if start <= t <= end]
+        inside = self._inside(start, end)
         if len(inside) < 2:
             return None
         (t0, first), (t1, last) = inside[0], inside[-1]
