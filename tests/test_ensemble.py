@@ -48,8 +48,12 @@ def test_forest_ensemble_beats_its_members_and_matches_mlflow_model(spark, tmp_p
     pdf, cols = _frame(load_digits)
     train, test = _split(pdf)
     caller_uri = mlflow.get_tracking_uri()
+    out = tmp_path / "out"
     ens = train_ensemble(spark.createDataFrame(train), forest, num_models=4, feature_cols=cols,
-                         label_col="label", combine="vote", tracking_uri=tmp_path.as_uri())
+                         label_col="label", combine="vote", output_dir=str(out),
+                         tracking_uri=(tmp_path / "mlruns").as_uri())
+    # The members went to MLflow as files; their folder under output_dir is gone.
+    assert list(out.iterdir()) == []
     # The caller's MLflow state is left as it was (a leaked experiment id
     # once broke the caller's next start_run).
     assert mlflow.get_tracking_uri() == caller_uri
@@ -71,7 +75,7 @@ def test_forest_ensemble_beats_its_members_and_matches_mlflow_model(spark, tmp_p
                                   np.asarray(loaded.predict(test[cols])))
     np.testing.assert_array_equal(scored["label"].to_numpy(), y)  # rows kept, in order
 
-    run = MlflowClient(tracking_uri=tmp_path.as_uri()).get_run(ens.run_id)
+    run = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri()).get_run(ens.run_id)
     assert run.data.metrics["ensemble_val_accuracy"] == pytest.approx(ens.score)
     for i in range(4):
         assert run.data.metrics[f"member_{i}_val_accuracy"] == pytest.approx(ens.member_scores[i])
@@ -215,7 +219,7 @@ class _FakeBroadcast:
         self.value = value
 
 
-def test_worker_unpickles_members_once_per_broadcast():
+def test_worker_unpickles_members_once_per_source(tmp_path):
     import pickle
 
     from sklearn.tree import DecisionTreeClassifier
@@ -234,3 +238,48 @@ def test_worker_unpickles_members_once_per_broadcast():
     assert other is not scorer and other.members[0] is not scorer.members[0]
     np.testing.assert_array_equal(other.predict(pd.DataFrame(x, columns=["a", "b"])),
                                   np.arange(10) % 2)
+
+    # Members in files (as the training tasks write them): the same paths
+    # (a new tuple each task) share one scorer, other paths do not.
+    paths = []
+    for i, blob in enumerate(blobs):
+        paths.append(str(tmp_path / f"member-{i}.pkl"))
+        (tmp_path / f"member-{i}.pkl").write_bytes(blob)
+    from_files = task.shared_scorer(tuple(paths), [0, 1], ["a", "b"], "vote")
+    assert task.shared_scorer(tuple(list(paths)), [0, 1], ["a", "b"], "vote") is from_files
+    assert task.shared_scorer(tuple(paths[:1]), [0, 1], ["a", "b"], "vote") is not from_files
+    np.testing.assert_array_equal(from_files.predict(pd.DataFrame(x, columns=["a", "b"])),
+                                  np.arange(10) % 2)
+
+
+def test_member_file_the_driver_cannot_see_is_named(tmp_path):
+    """The driver's side of the file hand-over: a member file that a task on
+    another node wrote where the driver cannot see it (an output_dir that is
+    not shared) gives an error naming the file and the fix."""
+    from collections import namedtuple
+
+    from dist_dl.ensemble.driver import _member_files
+
+    Row = namedtuple("Row", "member path size")
+    good = tmp_path / "member-0-attempt-0.pkl"
+    good.write_bytes(b"x" * 10)
+    assert _member_files([Row(0, str(good), 10)], "runs") == (str(good),)
+    missing = Row(1, str(tmp_path / "member-1-attempt-0.pkl"), 10)
+    with pytest.raises(RuntimeError, match=r"member 1 was written to .*member-1-attempt-0.pkl "
+                       r"\(10 bytes\).*cannot find that file: output_dir='runs' must be a "
+                       r"folder the driver and every executor share"):
+        _member_files([Row(0, str(good), 10), missing], "runs")
+    with pytest.raises(RuntimeError, match="sees 10 bytes there"):
+        _member_files([Row(0, str(good), 12)], "runs")
+
+
+def test_members_folder_is_removed_when_training_fails(spark, tmp_path):
+    def broken():
+        raise RuntimeError("factory broke")
+
+    out = tmp_path / "out"
+    df = spark.createDataFrame([(float(i), i % 2) for i in range(40)], "a double, label long")
+    with pytest.raises(Exception, match="factory broke"):
+        train_ensemble(df, broken, num_models=2, feature_cols=["a"], label_col="label",
+                       output_dir=str(out), tracking_uri=(tmp_path / "mlruns").as_uri())
+    assert list(out.iterdir()) == []

@@ -328,6 +328,7 @@ def ensemble(config: PipelineConfig, *, master: str | None = None, spark=None):
     result = train_ensemble(frame, forest, num_models=e.num_models, feature_cols=list(features),
                             label_col=e.label_col, combine=e.combine,
                             validation_fraction=e.validation_fraction, seed=e.seed,
+                            output_dir=config.train.output_dir,
                             tracking_uri=_tracking_uri(config),
                             experiment_name=config.tracking.experiment)
     print(f"dist_dl ensemble: accuracy {result.score:.4f} on held-out rows (members "

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["COMBINE_METHODS", "fit_member", "member_proba", "combine", "Scorer"]
+__all__ = ["COMBINE_METHODS", "fit_member", "member_proba", "combine", "read_members", "Scorer"]
 
 COMBINE_METHODS = ("vote", "mean")
 
@@ -81,6 +81,15 @@ def combine(probas: Sequence[np.ndarray], method: str) -> np.ndarray:
         tied = counts == counts.max(axis=1, keepdims=True)
         return np.where(tied, mean, -np.inf).argmax(axis=1)
     raise ValueError(f"combine={method!r}: use one of {COMBINE_METHODS}")
+
+
+def read_members(paths: Sequence[str]) -> list[bytes]:
+    """The pickled members in the files at ``paths``."""
+    blobs = []
+    for path in paths:
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+    return blobs
 
 
 class Scorer:

@@ -9,37 +9,59 @@ from typing import Sequence
 
 import mlflow.pyfunc
 
-from dist_dl.ensemble.members import Scorer
+from dist_dl.ensemble.members import Scorer, read_members
 
-__all__ = ["EnsemblePyfunc"]
+__all__ = ["EnsemblePyfunc", "member_artifacts"]
+
+
+def member_artifacts(paths: Sequence[str]) -> dict:
+    """The ``artifacts`` argument of ``mlflow.pyfunc.log_model`` for the
+    members' files: MLflow copies each into the model, in member order."""
+    return {f"member_{i}": path for i, path in enumerate(paths)}
 
 
 class EnsemblePyfunc(mlflow.pyfunc.PythonModel):
     """The ensemble as an MLflow pyfunc model: ``predict(pandas_df)`` returns a
-    pandas Series of labels (the label column's original values)."""
+    pandas Series of labels (the label column's original values).
 
-    def __init__(self, blobs: Sequence[bytes], classes: Sequence, feature_cols: Sequence[str],
+    The members are the model's artifacts (``member_artifacts``), one pickled
+    file each, so the pickled model itself stays small and logging it does
+    not pickle the members a second time.
+    """
+
+    def __init__(self, num_members: int, classes: Sequence, feature_cols: Sequence[str],
                  method: str):
-        self.blobs = list(blobs)
+        self.num_members = num_members
         self.classes = list(classes)
         self.feature_cols = list(feature_cols)
         self.method = method
+        self.member_paths = None
         self._scorer = None
 
     def __getstate__(self):
-        # Pickle the bytes, never the unpickled members (Keras models would
-        # otherwise be pickled twice over).
+        # The loaded members and their local paths belong to one process.
         state = dict(self.__dict__)
-        state["_scorer"] = None
+        state["_scorer"] = state["member_paths"] = None
         return state
 
-    def _get_scorer(self) -> Scorer:
+    def load_context(self, context):
+        self.member_paths = [context.artifacts[f"member_{i}"] for i in range(self.num_members)]
+
+    def member_blobs(self) -> list[bytes]:
+        """The members' pickled bytes, from the loaded model's files."""
+        if self.member_paths is None:
+            raise RuntimeError("the members are the model's artifacts: load the model with "
+                               "mlflow.pyfunc.load_model first")
+        return read_members(self.member_paths)
+
+    def scorer(self) -> Scorer:
         if self._scorer is None:
-            self._scorer = Scorer(self.blobs, self.classes, self.feature_cols, self.method)
+            self._scorer = Scorer(self.member_blobs(), self.classes, self.feature_cols,
+                                  self.method)
         return self._scorer
 
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
-        labels = self._get_scorer().predict(model_input)
+        labels = self.scorer().predict(model_input)
         return pd.Series(labels, index=model_input.index, name="prediction")

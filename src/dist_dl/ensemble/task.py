@@ -2,12 +2,15 @@
 
 Each function takes an iterator of pandas frames (the ``mapInPandas``
 contract) plus plain, picklable arguments bound with ``functools.partial`` on
-the driver. Only small results (a pickled member, counts, predictions for the
-caller's rows) leave a task; training rows never reach the driver.
+the driver. Only small results (where a member was written, counts,
+predictions for the caller's rows) leave a task; training rows never reach the
+driver, and the members themselves go to files, not through it (see
+``train_partition``).
 """
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 import time
 from typing import Callable, Iterator, Sequence
@@ -15,18 +18,17 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from dist_dl.ensemble.members import Scorer, fit_member
+from dist_dl.ensemble.members import Scorer, fit_member, read_members
 
 __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
            "predict_partition", "shared_scorer"]
 
-TRAIN_SCHEMA = ("member int, model binary, rows long, start double, end double, "
-                "fit_seconds double, error string")
+TRAIN_SCHEMA = ("member int, path string, size long, kind string, rows long, start double, "
+                "end double, fit_seconds double, error string")
 SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
 
-# The scorer of the last broadcast this Python worker used: (broadcast, args,
-# scorer). Spark reuses a Python worker for many tasks and hands every task
-# of a worker the same Broadcast object for one broadcast id, so members are
+# The scorer of the members this Python worker used last: (source, args,
+# scorer). Spark reuses a Python worker for many tasks, so members are
 # unpickled once per worker instead of once per task. That is 0.01 s for a
 # 7 MB forest and 0.04 s for a small Keras model here, per member and task:
 # it adds up for big members and for transform() over many partitions. One
@@ -35,18 +37,30 @@ SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
 _last_scorer: tuple = (None, None, None)
 
 
-def shared_scorer(blobs, classes: Sequence, feature_cols: Sequence[str], method: str) -> Scorer:
-    """The ``Scorer`` of ``blobs`` (a PySpark ``Broadcast`` of the members'
-    bytes), built once per Python worker for each broadcast."""
+def _same_source(cached, source) -> bool:
+    if isinstance(source, tuple):  # member files: the same paths
+        return cached == source
+    # A Broadcast: Spark hands every task of a worker the same object for one
+    # broadcast id. By identity: the cache holds the object, so it cannot be
+    # freed and its address reused by a later one.
+    return cached is source
+
+
+def shared_scorer(members, classes: Sequence, feature_cols: Sequence[str],
+                  method: str) -> Scorer:
+    """The ``Scorer`` of ``members``, built once per Python worker.
+
+    ``members`` is a tuple of the members' file paths (what ``train_partition``
+    wrote) or a PySpark ``Broadcast`` of their pickled bytes.
+    """
     global _last_scorer
     args = (tuple(classes), tuple(feature_cols), method)
-    cached_blobs, cached_args, scorer = _last_scorer
-    # By identity: the cache holds its Broadcast, so the object cannot be
-    # freed and its address reused by a later one.
-    if cached_blobs is not blobs or cached_args != args:
+    cached_source, cached_args, scorer = _last_scorer
+    if not _same_source(cached_source, members) or cached_args != args:
         _last_scorer = (None, None, None)  # free the old members before loading new ones
-        scorer = Scorer(blobs.value, classes, feature_cols, method)
-        _last_scorer = (blobs, args, scorer)
+        blobs = read_members(members) if isinstance(members, tuple) else members.value
+        scorer = Scorer(blobs, classes, feature_cols, method)
+        _last_scorer = (members, args, scorer)
     return scorer
 
 
@@ -65,18 +79,22 @@ def _call_factory(factory: Callable, member: int):
 
 def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
                     feature_cols: Sequence[str], label_col: str, classes: Sequence,
-                    fit_kwargs: dict | None) -> Iterator[pd.DataFrame]:
-    """Train one member on all rows of this task's partition."""
+                    fit_kwargs: dict | None, member_dir: str) -> Iterator[pd.DataFrame]:
+    """Train one member on all rows of this task's partition and write it,
+    pickled, to a file in ``member_dir`` (one name per task attempt, written
+    under a temporary name and renamed, so a file under its final name is
+    complete). The row returned says where, and how many bytes."""
     from pyspark import TaskContext
 
-    member = TaskContext.get().partitionId()
+    context = TaskContext.get()
+    member = context.partitionId()
     start = time.time()
     frames = list(batches)
     pdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=[*feature_cols, label_col])
     del frames
-    row = {"member": member, "model": None, "rows": len(pdf), "start": start,
-           "end": None, "fit_seconds": None, "error": None}
+    row = {"member": member, "path": None, "size": None, "kind": None, "rows": len(pdf),
+           "start": start, "end": None, "fit_seconds": None, "error": None}
     if len(pdf) == 0:
         row["error"] = "the partition is empty"
     else:
@@ -88,19 +106,25 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         fit_start = time.perf_counter()
         model = fit_member(model, x, y, fit_kwargs)
         # The fit alone; start..end also holds the rows' arrival from the JVM
-        # and pickling the member.
+        # and writing the member.
         row["fit_seconds"] = time.perf_counter() - fit_start
-        row["model"] = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
+        row["kind"] = type(model).__module__.split(".")[0]
+        path = os.path.join(member_dir, f"member-{member}-attempt-{context.attemptNumber()}.pkl")
+        os.makedirs(member_dir, exist_ok=True)  # an executor on another node
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(model, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(path + ".tmp", path)
+        row["path"], row["size"] = path, os.path.getsize(path)
     row["end"] = time.time()
     yield pd.DataFrame([row])
 
 
-def score_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequence,
+def score_partition(batches: Iterator[pd.DataFrame], *, members: tuple, classes: Sequence,
                     feature_cols: Sequence[str], label_col: str,
                     method: str) -> Iterator[pd.DataFrame]:
-    """Count correct predictions of each member and of the ensemble (one row
-    per task, summed on the driver)."""
-    scorer = shared_scorer(blobs, classes, feature_cols, method)
+    """Count correct predictions of each member (``members``: their files) and
+    of the ensemble (one row per task, summed on the driver)."""
+    scorer = shared_scorer(members, classes, feature_cols, method)
     index = {c: i for i, c in enumerate(classes)}
     rows, ensemble_correct = 0, 0
     member_correct = np.zeros(len(scorer.members), dtype=np.int64)
@@ -121,7 +145,8 @@ def score_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequence
 def predict_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequence,
                       feature_cols: Sequence[str], method: str,
                       prediction_col: str) -> Iterator[pd.DataFrame]:
-    """Append the ensemble's prediction to every row."""
+    """Append the ensemble's prediction to every row (``blobs``: a Broadcast of
+    the pickled members)."""
     scorer = shared_scorer(blobs, classes, feature_cols, method)
     for pdf in batches:
         out = pdf.copy()
