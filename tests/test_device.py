@@ -1,7 +1,11 @@
-"""Device plans, both sides of the GPU seam (no GPU here: plans are pure)."""
+"""Device plans and cycle-time defaults, both sides of the GPU seam (no GPU
+here: plans are pure)."""
 import pytest
 
-from dist_dl.launch.device import horovod_env_fixes, plan_devices, visible_gpus
+from dist_dl.launch.device import (CPU_CYCLE_TIME_MS, CPU_LARGE_MODEL_CYCLE_TIME_MS,
+                                   DEFAULT_CYCLE_TIME_VAR, LARGE_GRADIENT_BYTES, cpu_cycle_time_ms,
+                                   default_cycle_time, horovod_env_fixes, plan_devices,
+                                   visible_gpus)
 
 
 def test_gpu_host_gives_each_worker_its_local_rank_gpu():
@@ -44,3 +48,39 @@ def test_horovod_tuple_values_are_dropped():
            "HOROVOD_FUSION_THRESHOLD": "67108864"}
     assert sorted(horovod_env_fixes(env)) == ["HOROVOD_CACHE_CAPACITY", "HOROVOD_CYCLE_TIME"]
     assert horovod_env_fixes({"HOROVOD_CYCLE_TIME": "3.5"}) == []
+
+
+@pytest.mark.timeout(30)
+def test_cpu_workers_get_the_default_cycle_time_and_a_marker_beside_it():
+    assert cpu_cycle_time_ms() == CPU_CYCLE_TIME_MS == 5.0
+    assert cpu_cycle_time_ms(LARGE_GRADIENT_BYTES - 1) == 5.0
+    assert cpu_cycle_time_ms(LARGE_GRADIENT_BYTES) == CPU_LARGE_MODEL_CYCLE_TIME_MS == 20.0
+    env = {}
+    assert default_cycle_time(env, chosen=False, gpus=[]) == "5.0"
+    assert env == {"HOROVOD_CYCLE_TIME": "5.0", DEFAULT_CYCLE_TIME_VAR: "5.0"}
+    # The training worker, knowing its model, raises the launcher's default.
+    assert default_cycle_time(env, chosen=False, gpus=[], gradient_bytes=94 * 2 ** 20) == "20.0"
+    assert env == {"HOROVOD_CYCLE_TIME": "20.0", DEFAULT_CYCLE_TIME_VAR: "20.0"}
+    # GPU workers keep Horovod's default, even after an earlier job's CPU
+    # default in the same process.
+    assert default_cycle_time(env, chosen=False, gpus=["0"]) is None
+    assert env == {}
+
+
+@pytest.mark.timeout(30)
+def test_a_cycle_time_someone_chose_is_never_replaced():
+    # Inherited from the environment (not ours: no marker), even the default's value.
+    env = {"HOROVOD_CYCLE_TIME": "5.0"}
+    assert default_cycle_time(env, chosen=False, gpus=[], gradient_bytes=2 ** 30) is None
+    assert env == {"HOROVOD_CYCLE_TIME": "5.0"}
+    # Set for the job, over an earlier job's default (marker with the same value).
+    env = {"HOROVOD_CYCLE_TIME": "5.0", DEFAULT_CYCLE_TIME_VAR: "5.0"}
+    assert default_cycle_time(env, chosen=True, gpus=[], gradient_bytes=2 ** 30) is None
+    assert env == {"HOROVOD_CYCLE_TIME": "5.0"}
+    # Changed after the launcher set its default (the marker no longer matches).
+    env = {"HOROVOD_CYCLE_TIME": "8", DEFAULT_CYCLE_TIME_VAR: "5.0"}
+    assert default_cycle_time(env, chosen=False, gpus=[], gradient_bytes=2 ** 30) is None
+    assert env == {"HOROVOD_CYCLE_TIME": "8"}
+    # Chosen but dropped as malformed by horovod_env_fixes: Horovod's own default.
+    env = {}
+    assert default_cycle_time(env, chosen=True, gpus=[]) is None and env == {}

@@ -216,18 +216,48 @@ def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
     assert _probed(probe) == ["present", "present"]
 
 
-@pytest.mark.timeout(240)
-def test_cpu_workers_of_a_large_model_get_the_long_cycle_time(shards, store, tmp_path):
-    probe = str(tmp_path / "cycle_time")
-    trained = train_distributed(shards, model=train_hooks.wide_mlp, epochs=1, num_workers=2,
-                                batch_size=4, image_size=16, validation_fraction=0.0,
-                                backend="local", tracking_uri=store, output_dir=str(tmp_path),
+@pytest.mark.timeout(400)
+def test_cpu_workers_of_a_large_model_get_the_long_cycle_time(shards, store, tmp_path,
+                                                              monkeypatch):
+    common = dict(epochs=1, num_workers=2, batch_size=4, image_size=16, validation_fraction=0.0,
+                  backend="local", tracking_uri=store, output_dir=str(tmp_path))
+    probe, builds = str(tmp_path / "cycle_time"), str(tmp_path / "builds")
+    trained = train_distributed(shards, model=train_hooks.CountedBuilder(builds,
+                                                                         train_hooks.wide_mlp),
                                 callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME",
-                                                               "20.0"))
+                                                               "20.0"), **common)
     assert trained.keras_model().count_params() > 4 * 2 ** 20
     # 17.6 MB of gradients, no GPU, no cycle time given: 20 ms on both workers
     # (the small CNN's 0.4 MB get 5 ms: the mixed-precision test above).
     assert _probed(probe) == ["present", "present"]
+    # Counted on the model each worker trains: built once per worker, with
+    # its rank's seed, before hvd.init().
+    with open(builds) as f:
+        built = [line.split() for line in f]
+    assert sorted(rank for _, rank in built) == ["0", "1"]
+    assert len({pid for pid, _ in built}) == 2
+    # 5 ms chosen in the driver's environment (the default's value, but no
+    # marker beside it): the large model does not raise it.
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5.0")
+    chosen = str(tmp_path / "chosen")
+    train_distributed(shards, model=train_hooks.wide_mlp,
+                      callbacks=train_hooks.EnvProbe(chosen, "HOROVOD_CYCLE_TIME", "5.0"), **common)
+    assert _probed(chosen) == ["present", "present"]
+
+
+@pytest.mark.timeout(30)
+def test_ranks_read_before_horovod_init_are_checked_after_it():
+    from dist_dl.train.worker import _check_ranks, _ranks_from_environment
+
+    assert _ranks_from_environment({"HOROVOD_RANK": "3", "HOROVOD_LOCAL_RANK": "1"}) == (3, 1)
+    assert _ranks_from_environment({"OMPI_COMM_WORLD_RANK": "2",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK": "0"}) == (2, 0)
+    # Without both of a pair the worker initialises Horovod first (the old order).
+    assert _ranks_from_environment({"HOROVOD_RANK": "3"}) is None
+    _check_ranks((3, 1), (3, 1))
+    with pytest.raises(RuntimeError, match=r"environment gave rank 3 and local rank 1 .* "
+                                           r"hvd.init\(\) gave rank 1 and local rank 0"):
+        _check_ranks((3, 1), (1, 0))
 
 
 @pytest.mark.timeout(180)

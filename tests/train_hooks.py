@@ -74,6 +74,20 @@ def wide_mlp(input_shape, classes):
     ], name="wide_mlp")
 
 
+class CountedBuilder:
+    """A model builder that appends ``<pid> <HOROVOD_RANK>`` to ``path`` each
+    time it builds (through a file: the workers are other processes; the
+    rank from the environment: Horovod may not be initialised yet)."""
+
+    def __init__(self, path: str, builder):
+        self.path, self.builder = path, builder
+
+    def __call__(self, input_shape, classes):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {os.environ.get('HOROVOD_RANK')}\n")
+        return self.builder(input_shape, classes)
+
+
 def wrong_units(input_shape, classes):
     """A builder with the wrong number of outputs: a deterministic error."""
     import tensorflow as tf

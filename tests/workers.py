@@ -91,7 +91,8 @@ def talk(message: str):
 
 def report_environment():
     keys = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-            "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_RANK", "DIST_DL_EXTRA")
+            "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_RANK", "DIST_DL_EXTRA",
+            "DIST_DL_DEFAULT_CYCLE_TIME")
     return {k: os.environ.get(k) for k in keys}, sorted(os.sched_getaffinity(0))
 
 

@@ -1,4 +1,4 @@
-"""Which device and how many CPU threads each worker gets.
+"""Which device, how many CPU threads and which Horovod cycle time each worker gets.
 
 Pure functions of (local rank, local size, what the host has), applied to the
 worker's environment before TensorFlow is imported, so they are tested here on
@@ -10,8 +10,30 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import MutableMapping
 
-__all__ = ["DevicePlan", "plan_devices", "visible_gpus", "horovod_env_fixes"]
+__all__ = ["DevicePlan", "plan_devices", "visible_gpus", "horovod_env_fixes",
+           "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
+           "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
+
+# Horovod's background thread wakes every cycle (1 ms by default since
+# Horovod 0.21, chosen for GPU servers) and negotiates with the other ranks.
+# On CPU workers that thread and Gloo's socket loop take their CPU from the
+# compute on the same few cores. Measured here (benchmarks/RESULTS.md, two
+# one-core workers): 5 ms beat 1 ms in every round of two ResNet50 runs
+# (1.10-1.33x); for ResNet50 (94 MB of gradients) 20 ms beat 5 ms in 7
+# rounds of 8 (about 1.15x) and halved the communication threads' system
+# time, while on the small CNN (0.4 MB) 20 ms was level with 5 ms. A cycle
+# can delay each step's last allreduce by up to its length, which a model
+# with millisecond steps would feel, so the long cycle is for large
+# gradients only: at 16 MB or more (4 M float32 parameters) an allreduce
+# takes tens of milliseconds itself.
+CPU_CYCLE_TIME_MS = 5.0
+CPU_LARGE_MODEL_CYCLE_TIME_MS = 20.0
+LARGE_GRADIENT_BYTES = 16 * 2 ** 20
+# Set beside HOROVOD_CYCLE_TIME, to the same value, when that value is our
+# default rather than a choice: a worker that knows its model may raise it.
+DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
 
 
 @dataclass(frozen=True)
@@ -116,3 +138,44 @@ def horovod_env_fixes(environ: dict) -> list[str]:
         except ValueError:
             fixes.append(name)
     return fixes
+
+
+def cpu_cycle_time_ms(gradient_bytes: int = 0) -> float:
+    """The cycle time CPU workers get when nobody chose one: 20 ms for
+    ``gradient_bytes`` (one step's float32 gradients) of 16 MB or more, else
+    5 ms (also when the model is not known yet)."""
+    return (CPU_LARGE_MODEL_CYCLE_TIME_MS if gradient_bytes >= LARGE_GRADIENT_BYTES
+            else CPU_CYCLE_TIME_MS)
+
+
+def default_cycle_time(environ: MutableMapping[str, str], *, chosen: bool, gpus: list[str],
+                       gradient_bytes: int = 0) -> str | None:
+    """Give a CPU worker ``cpu_cycle_time_ms(gradient_bytes)`` as
+    ``HOROVOD_CYCLE_TIME``, unless a cycle time was chosen. Must run before
+    ``hvd.init()``, which reads it once.
+
+    A value already in ``environ`` counts as chosen, unless it is this
+    function's own default (``DEFAULT_CYCLE_TIME_VAR`` holds the same value):
+    that one is replaced, so the training worker can raise the launcher's
+    default once it knows its model's size, and a process that hosts a second
+    job (in-process delegation) does not take the first job's default for a
+    choice. GPU workers keep Horovod's default.
+
+    Args:
+        environ: The worker's environment (``os.environ``), changed in place.
+        chosen: The job sets a cycle time (``HorovodRunner(env=...)``,
+            ``TrainConfig.cycle_time_ms``).
+        gpus: GPU ids this worker may use (see ``visible_gpus``).
+        gradient_bytes: Bytes of one step's float32 gradients; 0 if unknown.
+
+    Returns:
+        The value set, or None when the environment keeps its own (or none).
+    """
+    ours = environ.pop(DEFAULT_CYCLE_TIME_VAR, None)
+    if not chosen and ours is not None and environ.get("HOROVOD_CYCLE_TIME") == ours:
+        del environ["HOROVOD_CYCLE_TIME"]
+    if chosen or gpus or "HOROVOD_CYCLE_TIME" in environ:
+        return None
+    value = str(cpu_cycle_time_ms(gradient_bytes))
+    environ["HOROVOD_CYCLE_TIME"] = environ[DEFAULT_CYCLE_TIME_VAR] = value
+    return value

@@ -3,9 +3,10 @@
 Shipped to workers by every backend (pickled into Horovod's Spark task, or
 started as ``python -m dist_dl.launch.worker`` by the local backend). Before
 the user's function runs it: fixes Horovod's environment, gives the worker its
-device and CPU threads, routes the worker's output to the driver with its rank,
-and arms the deadline. If the function raises, the error and its traceback go
-to the driver as a record before the process exits non-zero.
+device, CPU threads and (on CPU) a 5 ms Horovod cycle time, routes the
+worker's output to the driver with its rank, and arms the deadline. If the
+function raises, the error and its traceback go to the driver as a record
+before the process exits non-zero.
 """
 from __future__ import annotations
 
@@ -67,17 +68,23 @@ def _rank() -> int:
 
 
 def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
-    """Apply the Horovod fixes, the extra env and the device plan to os.environ.
+    """Apply the Horovod fixes, the extra env, the CPU cycle-time default and
+    the device plan to os.environ.
 
     Must run before TensorFlow is imported in this process: thread counts and
-    visible GPUs are read once, when TensorFlow initialises.
+    visible GPUs are read once, when TensorFlow initialises (and the cycle
+    time once, in ``hvd.init()``).
     """
     os.environ.update(options.env)
     for name in device.horovod_env_fixes(os.environ):
         del os.environ[name]
+    gpus = device.visible_gpus()
+    # CPU workers: 5 ms unless the job or the environment set a cycle time
+    # (the training worker raises it for large models, see device.py).
+    device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env, gpus=gpus)
     local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
     local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-    plan = device.plan_devices(local_rank, local_size, gpus=device.visible_gpus(),
+    plan = device.plan_devices(local_rank, local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
                                threads=options.threads_per_worker, pin_cpus=options.pin_cpus)
     for name, value in plan.env.items():

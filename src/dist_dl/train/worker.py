@@ -1,9 +1,10 @@
 """The training loop that runs inside every Horovod worker of ``train_distributed``.
 
 Shipped to the workers by the launcher (``HorovodRunner``), which has already
-set this process's threads and visible GPU. One call of :func:`train_worker`
-is one attempt: Horovod init, devices and precision, the shard of this rank,
-the model, the scaled and warmed-up learning rate, Horovod's
+set this process's threads, visible GPU and default cycle time. One call of
+:func:`train_worker` is one attempt: devices and precision, the model (built
+once, before Horovod init, so that its size can choose the cycle time), Horovod
+init, the shard of this rank, the scaled and warmed-up learning rate, Horovod's
 DistributedOptimizer, resume from the newest checkpoint (broadcast from rank
 0), then ``model.fit`` with:
 
@@ -87,15 +88,30 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
-    _default_cycle_time(spec)
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    mixed = _pin_devices_and_precision(tf, cfg, hvd.local_rank())
+    # Horovod reads the cycle time once, in hvd.init(), and the CPU default
+    # depends on the model's size: so the model is built first, with the
+    # ranks the launcher put in the environment, and checked against
+    # Horovod's after init.
+    ranks = _ranks_from_environment(os.environ)
+    init_first = ranks is None
+    if init_first:
+        # A launcher that does not tell them: Horovod first, and the cycle
+        # time stays as the launcher left it (not raised for a large model).
+        hvd.init()
+        ranks = hvd.rank(), hvd.local_rank()
+    rank, local_rank = ranks
+    mixed = _pin_devices_and_precision(tf, cfg, local_rank)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
     # Per-rank seeds: different crops and flips on every rank. The initial
     # weights are rank 0's anyway (broadcast below).
     tf.keras.utils.set_random_seed(cfg.seed + rank)
+    model = _build(spec, mixed)
+    if not init_first:
+        _default_cycle_time(cfg, model)
+        hvd.init()
+        _check_ranks((rank, local_rank), (hvd.rank(), hvd.local_rank()))
+    size = hvd.size()
 
     reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
                           area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
@@ -106,7 +122,6 @@ def train_worker(spec: WorkerSpec) -> dict | None:
                               steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
                               cache_dir=cfg.cache_dir, with_weights=True)
 
-    model = _build(spec, mixed)
     schedule = WarmupScaledSchedule(
         cfg.learning_rate, size if cfg.scale_learning_rate else 1, spec.train_steps,
         min(cfg.warmup_epochs, cfg.epochs),
@@ -166,52 +181,43 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
 
 
-# Horovod's background thread wakes every cycle (1 ms by default since
-# Horovod 0.21, chosen for GPU servers) and negotiates with the other ranks.
-# On CPU workers that thread and Gloo's socket loop take their CPU from the
-# compute on the same few cores. Measured here (benchmarks/RESULTS.md, two
-# one-core workers): 5 ms beat 1 ms in every round of two ResNet50 runs
-# (1.10-1.33x); for ResNet50 (94 MB of gradients) 20 ms beat 5 ms in 7
-# rounds of 8 (about 1.15x) and halved the communication threads' system
-# time, while on the small CNN (0.4 MB) 20 ms was level with 5 ms. A cycle
-# can delay each step's last allreduce by up to its length, which a model
-# with millisecond steps would feel, so the long cycle is for large
-# gradients only: at 16 MB or more (4 M float32 parameters) an allreduce
-# takes tens of milliseconds itself.
-CPU_CYCLE_TIME_MS = 5.0
-CPU_LARGE_MODEL_CYCLE_TIME_MS = 20.0
-LARGE_GRADIENT_BYTES = 16 * 2 ** 20
+# Where launchers put a worker's ranks before hvd.init(): Horovod's Gloo
+# launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
+# create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun sets
+# OMPI_COMM_WORLD_*. Horovod's own order (runner/common/util/env.py).
+_RANK_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK"),
+                   ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"))
 
 
-def cpu_cycle_time_ms(gradient_bytes: int) -> float:
-    """The cycle time CPU workers get when nobody chose one."""
-    return (CPU_LARGE_MODEL_CYCLE_TIME_MS if gradient_bytes >= LARGE_GRADIENT_BYTES
-            else CPU_CYCLE_TIME_MS)
+def _ranks_from_environment(environ) -> tuple[int, int] | None:
+    """(rank, local rank) of this worker as its launcher set them, or None."""
+    for rank, local_rank in _RANK_VARIABLES:
+        if rank in environ and local_rank in environ:
+            return int(environ[rank]), int(environ[local_rank])
+    return None
 
 
-def _default_cycle_time(spec: WorkerSpec) -> None:
+def _check_ranks(expected: tuple[int, int], actual: tuple[int, int]) -> None:
+    """The ranks the model was seeded and pinned with must be Horovod's."""
+    if tuple(expected) != tuple(actual):
+        raise RuntimeError(
+            f"this worker's environment gave rank {expected[0]} and local rank {expected[1]} "
+            f"(seed and device chosen with them), but hvd.init() gave rank {actual[0]} and "
+            f"local rank {actual[1]}. The launcher must set HOROVOD_RANK and HOROVOD_LOCAL_RANK "
+            "(or Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_LOCAL_RANK) to the ranks "
+            "Horovod assigns, or set neither")
+
+
+def _default_cycle_time(cfg: TrainConfig, model) -> None:
     """Before ``hvd.init()``: unless the user chose a cycle time (in the
-    config or the environment), CPU workers get ``cpu_cycle_time_ms`` of
-    their model's gradient size. GPU workers keep Horovod's default."""
-    from dist_dl.launch.device import visible_gpus
+    config or the environment), CPU workers get ``device.cpu_cycle_time_ms`` of
+    their model's float32 gradient bytes; this raises the launcher's 5 ms
+    default to 20 ms for large models. GPU workers keep Horovod's default."""
+    from dist_dl.launch import device
 
-    if spec.config.cycle_time_ms is None and "HOROVOD_CYCLE_TIME" not in os.environ \
-            and not visible_gpus():
-        os.environ["HOROVOD_CYCLE_TIME"] = str(cpu_cycle_time_ms(_gradient_bytes(spec)))
-
-
-def _gradient_bytes(spec: WorkerSpec) -> int:
-    """Bytes of one step's float32 gradients, from a throwaway build of the
-    model: Horovod reads the cycle time once, in ``hvd.init()``, and the
-    real model is built after it (with the rank's seed). Costs one extra
-    build of the model on CPU workers that were given no cycle time."""
-    import tensorflow as tf
-
-    model = _build(spec, mixed=False)
-    count = sum(int(tf.size(w)) for w in model.trainable_weights)
-    del model
-    tf.keras.backend.clear_session()  # the real build gets the same layer names
-    return 4 * count
+    count = sum(math.prod(w.shape) for w in model.trainable_weights)
+    device.default_cycle_time(os.environ, chosen=cfg.cycle_time_ms is not None,
+                              gpus=device.visible_gpus(), gradient_bytes=4 * count)
 
 
 def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
