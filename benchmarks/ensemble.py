@@ -9,8 +9,9 @@ tasks). The setups:
 
 - ``sequential``: all of it in this process, one forest after another (the
   baseline);
-- ``spark``: ``train_ensemble`` on ``local[2]`` end to end; it also logs the
-  MLflow run and model (to a temporary file store), which the others do not;
+- ``spark``: ``train_ensemble`` on ``local[2]`` end to end; it also writes
+  the members to files and logs the MLflow run and model (to a temporary
+  file store), which the others do not;
 - ``2 processes``: the fits and member scoring in two warm plain processes,
   no Spark: what two cores give on this machine at all (its ceiling).
 
@@ -247,12 +248,13 @@ def main(argv=None):
     spark = get_spark("local[2]")
     factory = make_factory(args.trees)
     uri = (work / "mlruns").as_uri()
+    out = str(work / "out")  # where the members' files go, until MLflow has them
 
     def spark_run(seed):
         df = spark.read.parquet(path)
         return train_ensemble(df, factory, num_models=args.models, feature_cols=cols,
                               label_col="label", validation_fraction=VALIDATION_FRACTION,
-                              seed=seed, tracking_uri=uri)
+                              seed=seed, output_dir=out, tracking_uri=uri)
 
     def warm_up():
         # Starts two Python workers (two tasks at once) and imports pandas,
@@ -262,7 +264,7 @@ def main(argv=None):
         # the other setups run in processes that stay warm.
         small = spark.read.parquet(path).limit(2000)
         train_ensemble(small, factory, num_models=2, feature_cols=cols, label_col="label",
-                       tracking_uri=uri)
+                       output_dir=out, tracking_uri=uri)
 
     warm_up()
 

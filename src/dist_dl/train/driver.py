@@ -18,7 +18,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from dist_dl.locations import local_path
 from dist_dl.train.config import TrainConfig
