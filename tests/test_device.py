@@ -4,8 +4,8 @@ import pytest
 
 from dist_dl.launch.device import (CPU_CYCLE_TIME_MS, CPU_LARGE_MODEL_CYCLE_TIME_MS,
                                    DEFAULT_CYCLE_TIME_VAR, LARGE_GRADIENT_BYTES, cpu_cycle_time_ms,
-                                   default_cycle_time, horovod_env_fixes, plan_devices,
-                                   visible_gpus)
+                                   Place, default_cycle_time, horovod_env_fixes, launcher_place,
+                                   plan_devices, visible_gpus)
 
 
 def test_gpu_host_gives_each_worker_its_local_rank_gpu():
@@ -34,6 +34,42 @@ def test_cpu_host_shares_cores_and_can_pin():
     assert plans[0].env["TF_NUM_INTRAOP_THREADS"] == "4"
     assert plan_devices(0, 4, gpus=[], cpu_count=2).threads == 1  # never zero
     assert plan_devices(0, 2, gpus=[], cpu_count=8, threads=1).env["OMP_NUM_THREADS"] == "1"
+
+
+def test_launcher_place_from_horovod_or_open_mpi_variables():
+    assert launcher_place({"HOROVOD_RANK": "3", "HOROVOD_LOCAL_RANK": "1",
+                           "HOROVOD_LOCAL_SIZE": "2"}) == Place(3, 1, 2)
+    # Open MPI's mpirun (Databricks' HorovodRunner starts workers with it).
+    mpi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    assert launcher_place(mpi) == Place(5, 1, 4)
+    # Horovod's own variables first, as Horovod reads them.
+    assert launcher_place({**mpi, "HOROVOD_RANK": "0", "HOROVOD_LOCAL_RANK": "0"}).rank == 0
+    # No local size: at least enough workers for this local rank.
+    assert launcher_place({"HOROVOD_RANK": "3", "HOROVOD_LOCAL_RANK": "2"}) == Place(3, 2, 3)
+    # A rank without a local rank is no place (the worker asks Horovod instead).
+    assert launcher_place({"HOROVOD_RANK": "3"}) is None
+    assert launcher_place({}) is None
+
+
+def test_workers_started_by_mpirun_get_their_local_rank_gpu_and_share_of_cores(monkeypatch):
+    import os
+
+    from dist_dl.launch.worker import WorkerOptions, _rank, prepare_environment
+
+    # The worker's environment as mpirun gives it to local rank 1 of 2 on a
+    # host with GPUs 0 and 1 (os.environ replaced by a copy: prepare_environment
+    # changes it in place).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "OMPI_", "DIST_DL_"))}
+    env.update({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0,1"})
+    monkeypatch.setattr(os, "environ", env)
+    plan = prepare_environment(WorkerOptions(job_id="t"))
+    assert plan.gpu == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert plan.threads == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert _rank() == 3
+    assert "HOROVOD_CYCLE_TIME" not in env  # a GPU worker keeps Horovod's default
 
 
 def test_visible_gpus_reads_cuda_visible_devices(monkeypatch):

@@ -12,7 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "plan_devices", "visible_gpus", "horovod_env_fixes",
+__all__ = ["DevicePlan", "Place", "launcher_place", "plan_devices", "visible_gpus",
+           "horovod_env_fixes",
            "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
 
@@ -34,6 +35,35 @@ LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 # Set beside HOROVOD_CYCLE_TIME, to the same value, when that value is our
 # default rather than a choice: a worker that knows its model may raise it.
 DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
+
+
+# Where a launcher puts a worker's place in the job before hvd.init():
+# Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
+# create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
+# HorovodRunner starts its workers with, sets OMPI_COMM_WORLD_*. Horovod reads
+# the ranks in the same order (horovod/runner/common/util/env.py).
+_PLACE_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+                    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                     "OMPI_COMM_WORLD_LOCAL_SIZE"))
+
+
+@dataclass(frozen=True)
+class Place:
+    """A worker's rank in the job, and its rank and count on its host."""
+
+    rank: int
+    local_rank: int
+    local_size: int
+
+
+def launcher_place(environ) -> Place | None:
+    """This worker's place as its launcher set it in ``environ`` (Horovod's
+    variables, else Open MPI's), or None if neither set rank and local rank."""
+    for rank, local_rank, local_size in _PLACE_VARIABLES:
+        if rank in environ and local_rank in environ:
+            local = int(environ[local_rank])
+            return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
+    return None
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,13 @@ def log_to_driver(message: str) -> None:
         print(message, flush=True)
 
 
+def _place() -> device.Place:
+    # Outside a launched job (a test, a direct call): the only worker.
+    return device.launcher_place(os.environ) or device.Place(rank=0, local_rank=0, local_size=1)
+
+
 def _rank() -> int:
-    return int(os.environ.get("HOROVOD_RANK", "0"))
+    return _place().rank
 
 
 def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
@@ -82,9 +87,8 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     # CPU workers: 5 ms unless the job or the environment set a cycle time
     # (the training worker raises it for large models, see device.py).
     device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env, gpus=gpus)
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-    plan = device.plan_devices(local_rank, local_size, gpus=gpus,
+    place = _place()
+    plan = device.plan_devices(place.local_rank, place.local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
                                threads=options.threads_per_worker, pin_cpus=options.pin_cpus)
     for name, value in plan.env.items():

@@ -81,6 +81,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    from dist_dl.launch.device import launcher_place
     from dist_dl.read import ReaderConfig, make_dataset
     from dist_dl.tracking import MlflowEpochLogger
     from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
@@ -92,7 +93,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     # depends on the model's size: so the model is built first, with the
     # ranks the launcher put in the environment, and checked against
     # Horovod's after init.
-    ranks = _ranks_from_environment(os.environ)
+    place = launcher_place(os.environ)
+    ranks = (place.rank, place.local_rank) if place else None
     init_first = ranks is None
     if init_first:
         # A launcher that does not tell them: Horovod first, and the cycle
@@ -179,22 +181,6 @@ def train_worker(spec: WorkerSpec) -> dict | None:
             return None
         logged = _log_final_model(spec, model, reader, mixed)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
-
-
-# Where launchers put a worker's ranks before hvd.init(): Horovod's Gloo
-# launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
-# create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun sets
-# OMPI_COMM_WORLD_*. Horovod's own order (runner/common/util/env.py).
-_RANK_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK"),
-                   ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"))
-
-
-def _ranks_from_environment(environ) -> tuple[int, int] | None:
-    """(rank, local rank) of this worker as its launcher set them, or None."""
-    for rank, local_rank in _RANK_VARIABLES:
-        if rank in environ and local_rank in environ:
-            return int(environ[rank]), int(environ[local_rank])
-    return None
 
 
 def _check_ranks(expected: tuple[int, int], actual: tuple[int, int]) -> None:
