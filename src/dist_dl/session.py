@@ -6,11 +6,12 @@ session is used as it is; locally, `get_spark()` starts a hermetic
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 
-__all__ = ["get_spark", "task_slots"]
+__all__ = ["get_spark", "task_slots", "job_group"]
 
 
 def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict | None = None):
@@ -68,3 +69,23 @@ def task_slots(spark) -> int:
     # `maxNumConcurrentTasks` is private[spark] in Scala, public in bytecode.
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
+
+
+@contextlib.contextmanager
+def job_group(sc, group: str, description: str):
+    """Run the block's Spark jobs (from this thread) in job group ``group``.
+
+    If the block raises, or is interrupted (Ctrl-C in a notebook), the
+    group's running jobs are cancelled (their tasks interrupted) before the
+    error goes on. Either way the thread's job group and description are
+    cleared at the end, so later jobs of the caller are not filed under it.
+    """
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    try:
+        yield group
+    except BaseException:
+        sc.cancelJobGroup(group)
+        raise
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.locations import local_path
+from dist_dl.session import job_group
 from dist_dl.tracking.target import mlflow_target
 
 __all__ = ["train_ensemble", "Ensemble", "PartitionMemoryError", "estimate_partition_memory"]
@@ -427,47 +428,43 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                 .repartition(num_models, _RAND)
                 .persist())
     held_out = F.col(_RAND) < spec.validation_fraction
-    sc.setJobGroup(group, f"dist_dl ensemble of {num_models} members", interruptOnCancel=True)
     try:
-        _describe(sc, "split rows, cache and count them")
-        stats = (assigned
-                 .groupBy(F.spark_partition_id().alias("part"), held_out.alias("held_out"))
-                 .agg(F.count("*").alias("rows"),
-                      F.count(F.when(F.col(label_col).isNull(), 1)).alias("nulls"),
-                      F.collect_set(label_col).alias("labels"))
-                 .collect())
-        classes, partition_rows = _check_counts(stats, spec)
-        _check_memory(spec, max(partition_rows), sum(partition_rows), limit, source)
+        with job_group(sc, group, f"dist_dl ensemble of {num_models} members"):
+            _describe(sc, "split rows, cache and count them")
+            stats = (assigned
+                     .groupBy(F.spark_partition_id().alias("part"), held_out.alias("held_out"))
+                     .agg(F.count("*").alias("rows"),
+                          F.count(F.when(F.col(label_col).isNull(), 1)).alias("nulls"),
+                          F.collect_set(label_col).alias("labels"))
+                     .collect())
+            classes, partition_rows = _check_counts(stats, spec)
+            _check_memory(spec, max(partition_rows), sum(partition_rows), limit, source)
 
-        _describe(sc, "train one member per partition")
-        fn = functools.partial(_task.train_partition, factory=model_factory,
-                               feature_cols=list(spec.feature_cols), label_col=label_col,
-                               classes=list(classes), fit_kwargs=fit_kwargs, member_dir=staging)
-        training = assigned.where(~held_out).drop(_RAND)
-        results = sorted(training.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
-                         key=lambda r: r.member)
-        failed = [f"member {r.member}: {r.error}" for r in results if r.path is None]
-        if failed or len(results) != num_models:
-            raise RuntimeError(f"{len(results) - len(failed)} of {num_models} members trained "
-                               f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
-        paths = _member_files(results, output_dir)
+            _describe(sc, "train one member per partition")
+            fn = functools.partial(_task.train_partition, factory=model_factory,
+                                   feature_cols=list(spec.feature_cols), label_col=label_col,
+                                   classes=list(classes), fit_kwargs=fit_kwargs, member_dir=staging)
+            training = assigned.where(~held_out).drop(_RAND)
+            results = sorted(training.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
+                             key=lambda r: r.member)
+            failed = [f"member {r.member}: {r.error}" for r in results if r.path is None]
+            if failed or len(results) != num_models:
+                raise RuntimeError(f"{len(results) - len(failed)} of {num_models} members trained "
+                                   f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
+            paths = _member_files(results, output_dir)
 
-        _describe(sc, "score members and ensemble on the held-out rows")
-        score_fn = functools.partial(_task.score_partition, members=paths, classes=list(classes),
-                                     feature_cols=list(spec.feature_cols), label_col=label_col,
-                                     method=spec.combine)
-        # Every partition holds some held-out rows; one task per core (at
-        # most) scores them, so fewer tasks set up a Python stream.
-        tasks = max(1, min(num_models, sc.defaultParallelism))
-        scored = (assigned.where(held_out).drop(_RAND).coalesce(tasks)
-                  .mapInPandas(score_fn, _task.SCORE_SCHEMA).collect())
-    except BaseException:
-        sc.cancelJobGroup(group)
-        raise
+            _describe(sc, "score members and ensemble on the held-out rows")
+            score_fn = functools.partial(_task.score_partition, members=paths,
+                                         classes=list(classes),
+                                         feature_cols=list(spec.feature_cols),
+                                         label_col=label_col, method=spec.combine)
+            # Every partition holds some held-out rows; one task per core (at
+            # most) scores them, so fewer tasks set up a Python stream.
+            tasks = max(1, min(num_models, sc.defaultParallelism))
+            scored = (assigned.where(held_out).drop(_RAND).coalesce(tasks)
+                      .mapInPandas(score_fn, _task.SCORE_SCHEMA).collect())
     finally:
         assigned.unpersist()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        sc.setLocalProperty("spark.job.description", None)
     return classes, results, paths, scored
 
 

@@ -19,6 +19,7 @@ from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
 from dist_dl.progress import SparkProgress
+from dist_dl.session import job_group
 
 __all__ = ["PrepareSummary", "prepare_image_dataset"]
 
@@ -162,48 +163,43 @@ def prepare_image_dataset(
 
     sc = spark.sparkContext
     group = f"dist_dl-prepare-{uuid.uuid4().hex[:8]}"
-    sc.setJobGroup(group, f"dist_dl: prepare image shards into {output}", interruptOnCancel=True)
     processed = None
     decoded = sc.accumulator(0)
     try:
-        rows_in = known[0] if known else src.count()
-        if rows_in == 0:
-            raise ValueError("the input has no rows (empty DataFrame or no image files found): "
-                             "check the source path or filter")
-        if label_index is None and mode == "append" and os.path.exists(
-                os.path.join(out_path, LABELS_FILE)):
-            label_index = out_path
-        index = _resolve_labels(src, string_labels, label_index, classes, label_col,
-                                names=known[1] if known else None)
+        with job_group(sc, group, f"dist_dl: prepare image shards into {output}"):
+            rows_in = known[0] if known else src.count()
+            if rows_in == 0:
+                raise ValueError("the input has no rows (empty DataFrame or no image files found): "
+                                 "check the source path or filter")
+            if label_index is None and mode == "append" and os.path.exists(
+                    os.path.join(out_path, LABELS_FILE)):
+                label_index = out_path
+            index = _resolve_labels(src, string_labels, label_index, classes, label_col,
+                                    names=known[1] if known else None)
 
-        processed = src.mapInPandas(_processor(index, string_labels, config, decoded),
-                                    schema=_processed_ddl()).persist()
-        # Decoding every image (the long part) happens in the first job on
-        # `processed`; writing reads the cached result.
-        with SparkProgress(sc, group, label=f"prepare-data {output}", counter=decoded,
-                           total=rows_in, every=progress_every):
-            by_reason, examples = _bad_rows(processed)
-        skipped = sum(by_reason.values())
-        if skipped and on_bad_image == "fail":
-            listed = "; ".join(f"{sid}: {err}" for sid, err in examples)
-            raise ValueError(f"{skipped} of {rows_in} images cannot be used ({by_reason}); first: "
-                             f"{listed}. Fix or remove these files, or pass "
-                             "on_bad_image='skip' to leave them out (they are counted in the "
-                             "summary)")
-        written = rows_in - skipped
-        if written == 0:
-            raise ValueError(f"all {rows_in} input images were bad ({by_reason}); "
-                             f"first: {examples}")
-        good = _layout(processed, written, config)
-        version = _write(spark, good, output, out_path, format, mode, config)
-    except BaseException:
-        sc.cancelJobGroup(group)
-        raise
+            processed = src.mapInPandas(_processor(index, string_labels, config, decoded),
+                                        schema=_processed_ddl()).persist()
+            # Decoding every image (the long part) happens in the first job on
+            # `processed`; writing reads the cached result.
+            with SparkProgress(sc, group, label=f"prepare-data {output}", counter=decoded,
+                               total=rows_in, every=progress_every):
+                by_reason, examples = _bad_rows(processed)
+            skipped = sum(by_reason.values())
+            if skipped and on_bad_image == "fail":
+                listed = "; ".join(f"{sid}: {err}" for sid, err in examples)
+                raise ValueError(f"{skipped} of {rows_in} images cannot be used ({by_reason}); "
+                                 f"first: {listed}. Fix or remove these files, or pass "
+                                 "on_bad_image='skip' to leave them out (they are counted in the "
+                                 "summary)")
+            written = rows_in - skipped
+            if written == 0:
+                raise ValueError(f"all {rows_in} input images were bad ({by_reason}); "
+                                 f"first: {examples}")
+            good = _layout(processed, written, config)
+            version = _write(spark, good, output, out_path, format, mode, config)
     finally:
         if processed is not None:
             processed.unpersist()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        sc.setLocalProperty("spark.job.description", None)
 
     summary = PrepareSummary(output=str(output), format=format, rows_in=rows_in,
                              rows_written=written, rows_skipped=skipped,

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
+from dist_dl.session import job_group
 from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
@@ -266,13 +267,12 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         run_id = run.info.run_id
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
         group = f"dist_dl-search-{search_id}-trial-{otrial.number}"
-        sc.setJobGroup(group, f"dist_dl search trial {otrial.number}", interruptOnCancel=True)
         fn = _bind(train_fn, params, otrial.number, address, token)
         try:
-            lines = sc.parallelize([otrial.number], 1).mapPartitions(fn).collect()
+            with job_group(sc, group, f"dist_dl search trial {otrial.number}"):
+                lines = sc.parallelize([otrial.number], 1).mapPartitions(fn).collect()
             record = json.loads(lines[0])
         except Exception as exc:  # noqa: BLE001 - the task itself died (e.g. out of memory)
-            sc.cancelJobGroup(group)
             record = {"status": "failed", "value": None, "steps": 0, "start": None,
                       "end": None, "error": f"the Spark task failed: {exc}"[:_MAX_TAG]}
         with lock:

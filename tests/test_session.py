@@ -1,0 +1,58 @@
+"""The Spark session helpers: job groups (cancel on failure, cleared after)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from pyspark import InheritableThread
+
+from dist_dl.session import job_group
+
+
+def _slow(_):
+    import time as _time
+
+    _time.sleep(60)
+    return [1]
+
+
+@pytest.mark.timeout(120)
+def test_job_group_cancels_its_running_jobs_when_the_block_fails(spark):
+    sc = spark.sparkContext
+    outcome = {}
+
+    def run_slow_job():
+        # Started inside the block, an InheritableThread's jobs are in its
+        # group (a plain Python thread's JVM side would not inherit it).
+        try:
+            sc.parallelize([0], 1).mapPartitions(_slow).collect()
+            outcome["error"] = None
+        except Exception as exc:  # noqa: BLE001 - what the cancelled job raised
+            outcome["error"] = str(exc)
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the caller's step failed"):
+        with job_group(sc, "dist_dl-test-group", "a test job") as group:
+            assert group == "dist_dl-test-group"
+            worker = InheritableThread(target=run_slow_job)
+            worker.start()
+            while not sc.statusTracker().getJobIdsForGroup(group):
+                time.sleep(0.1)
+            raise RuntimeError("the caller's step failed")
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    # Cancelled, not run to its end (the task sleeps for a minute).
+    assert time.monotonic() - started < 45
+    assert outcome["error"] and "cancel" in outcome["error"].lower()
+    # The thread's group and description are cleared for the caller's next jobs.
+    assert sc.getLocalProperty("spark.jobGroup.id") is None
+    assert sc.getLocalProperty("spark.job.description") is None
+
+
+@pytest.mark.timeout(120)
+def test_job_group_files_the_blocks_jobs_and_leaves_nothing_behind(spark):
+    sc = spark.sparkContext
+    with job_group(sc, "dist_dl-test-ok", "a quick job"):
+        assert sc.parallelize(range(4), 2).sum() == 6
+    assert sc.statusTracker().getJobIdsForGroup("dist_dl-test-ok")
+    assert sc.getLocalProperty("spark.jobGroup.id") is None
