@@ -9,11 +9,19 @@ from pyspark import InheritableThread
 from dist_dl.session import job_group
 
 
-def _slow(_):
-    import time as _time
+def _slow_factory():
+    # Made inside a function so that Spark's cloudpickle ships it by value:
+    # the tests folder is not importable in the Python workers.
+    def slow(_):
+        import time as _time
 
-    _time.sleep(60)
-    return [1]
+        _time.sleep(60)
+        return [1]
+
+    return slow
+
+
+_slow = _slow_factory()
 
 
 @pytest.mark.timeout(120)
@@ -36,7 +44,10 @@ def test_job_group_cancels_its_running_jobs_when_the_block_fails(spark):
             assert group == "dist_dl-test-group"
             worker = InheritableThread(target=run_slow_job)
             worker.start()
-            while not sc.statusTracker().getJobIdsForGroup(group):
+            # Raise only once the job is running (not before it is submitted,
+            # nor after it has failed on its own).
+            while not set(sc.statusTracker().getJobIdsForGroup(group)) & set(
+                    sc.statusTracker().getActiveJobsIds()):
                 time.sleep(0.1)
             raise RuntimeError("the caller's step failed")
     worker.join(timeout=60)
