@@ -167,6 +167,17 @@ def test_threads_env_and_pinning():
 
 
 @pytest.mark.timeout(120)
+def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path):
+    # A local worker leaves without Python's final teardown (where a tf.data
+    # iterator can deadlock, see launch/_worker_main.py): exit handlers still
+    # run, and a thread the function left behind does not keep the job alive
+    # (it sleeps for ten minutes; the test's timeout is two).
+    assert HorovodRunner(np=-2).run(workers.leave_a_thread_and_an_exit_handler,
+                                    marker_dir=str(tmp_path)) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
+
+
+@pytest.mark.timeout(120)
 def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     if visible_gpus():
         pytest.skip("the default is for CPU workers; GPU workers keep Horovod's 1 ms")

@@ -120,3 +120,20 @@ def first_line_time():
 
     hvd.init()
     return max(hvd.allgather_object(started))
+
+
+def leave_a_thread_and_an_exit_handler(marker_dir: str):
+    """Registers an exit handler that writes ``exit-<rank>`` in ``marker_dir``
+    and leaves a non-daemon thread sleeping for ten minutes; returns the rank."""
+    import atexit
+    import threading
+
+    rank = os.environ.get("HOROVOD_RANK", "0")
+
+    def mark():
+        with open(os.path.join(marker_dir, f"exit-{rank}"), "w") as f:
+            f.write("ran")
+
+    atexit.register(mark)
+    threading.Thread(target=time.sleep, args=(600,), daemon=False).start()
+    return int(rank)

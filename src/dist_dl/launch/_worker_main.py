@@ -3,9 +3,33 @@
 A module of its own so that ``dist_dl.launch.worker`` is imported once, as
 itself: ``log_to_driver`` in user code must see the capture ``run_worker`` set.
 """
+import atexit
+import os
 import sys
 
 from dist_dl.launch.worker import main
 
+
+def _exit(code: int) -> None:
+    """Leave as a normal exit would, minus the interpreter's final teardown.
+
+    Exit handlers run (Horovod's shutdown, MLflow's flushes), streams are
+    flushed, then the process ends without Python's last garbage collection.
+    That collection can deadlock in TensorFlow: it destroys a tf.data
+    iterator still holding the GIL, and the iterator waits for a map thread
+    that is inside a Python generator (Petastorm's reader) and needs the GIL.
+    Seen in CI: a worker wrote its result and then hung for good (gdb:
+    Py_FinalizeEx -> PyGC_Collect -> MapAndBatchDatasetOp iterator's
+    destructor; tensorflow/tensorflow#22632 reports the same hang at exit).
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _exit(main(sys.argv[1:]))
