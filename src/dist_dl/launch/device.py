@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import MutableMapping
 
 __all__ = ["DevicePlan", "Place", "launcher_place", "plan_devices", "visible_gpus",
-           "horovod_env_fixes",
-           "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
+           "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
 
 # Horovod's background thread wakes every cycle (1 ms by default since

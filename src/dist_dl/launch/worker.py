@@ -1,7 +1,7 @@
 """What runs inside every worker process, around the user's function.
 
 Shipped to workers by every backend (pickled into Horovod's Spark task, or
-started as ``python -m dist_dl.launch.worker`` by the local backend). Before
+started as ``python -m dist_dl.launch._worker_main`` by the local backend). Before
 the user's function runs it: fixes Horovod's environment, gives the worker its
 device, CPU threads and (on CPU) a 5 ms Horovod cycle time, routes the
 worker's output to the driver with its rank, and arms the deadline. If the

@@ -94,14 +94,13 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     # ranks the launcher put in the environment, and checked against
     # Horovod's after init.
     place = launcher_place(os.environ)
-    ranks = (place.rank, place.local_rank) if place else None
-    init_first = ranks is None
-    if init_first:
+    if place is None:
         # A launcher that does not tell them: Horovod first, and the cycle
         # time stays as the launcher left it (not raised for a large model).
         hvd.init()
-        ranks = hvd.rank(), hvd.local_rank()
-    rank, local_rank = ranks
+        rank, local_rank = hvd.rank(), hvd.local_rank()
+    else:
+        rank, local_rank = place.rank, place.local_rank
     mixed = _pin_devices_and_precision(tf, cfg, local_rank)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -109,7 +108,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     # weights are rank 0's anyway (broadcast below).
     tf.keras.utils.set_random_seed(cfg.seed + rank)
     model = _build(spec, mixed)
-    if not init_first:
+    if place is not None:
         _default_cycle_time(cfg, model)
         hvd.init()
         _check_ranks((rank, local_rank), (hvd.rank(), hvd.local_rank()))
