@@ -8,7 +8,8 @@
 # MAGIC
 # MAGIC Parameters (widgets): `config` (a shipped name or a YAML path; its `train` and
 # MAGIC `tracking` sections are used), `train_images` and `new_images` (folders of
-# MAGIC `<label>/<image>` files; blank: scikit-learn's digits written under `runs/digits`),
+# MAGIC `<label>/<image>` files; blank: scikit-learn's digits written under
+# MAGIC `<train.output_dir>/digits`),
 # MAGIC `num_workers`, `backend` (`spark`: Spark tasks; `local`: processes on the driver),
 # MAGIC `epochs`, `overrides` (more `section.key=value` settings, separated by spaces).
 
@@ -42,15 +43,19 @@ to_dict(config)["train"]
 
 import os
 
+from dist_dl.locations import local_path
 from dist_dl.prepare import write_digits_tree
 from dist_dl.session import get_spark
 
 spark = get_spark()
 train_images, new_images = params["train_images"], params["new_images"]
 if not train_images or not new_images:
-    # Absolute: Spark resolves relative paths against its own working directory.
-    sample_train, sample_new = write_digits_tree(os.path.abspath("runs/digits"),
-                                                 image_size=config.train.image_size)
+    # Under train.output_dir, which the executors must see too (on a cluster a
+    # /dbfs/... or /Volumes/... folder); absolute, as Spark resolves relative
+    # paths against its own working directory.
+    sample_train, sample_new = write_digits_tree(
+        os.path.join(local_path(config.train.output_dir), "digits"),
+        image_size=config.train.image_size)
     train_images, new_images = train_images or sample_train, new_images or sample_new
 print(f"training images: {train_images}\nnew images: {new_images}")
 

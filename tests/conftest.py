@@ -28,7 +28,7 @@ def spark():
     cluster test replaced it)."""
     from dist_dl.session import get_spark
 
-    return get_spark("local[2]")
+    return get_spark("local[2]", replace=True)
 
 
 def _free_port() -> int:
@@ -98,8 +98,8 @@ def cluster_spark(standalone_cluster):
     """A SparkSession on the standalone cluster, with both workers registered."""
     from dist_dl.session import get_spark, task_slots
 
-    spark = get_spark(standalone_cluster, conf={"spark.executor.memory": "1g",
-                                                "spark.cores.max": "2"})
+    spark = get_spark(standalone_cluster, replace=True,
+                      conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})
     deadline = time.time() + 90
     while task_slots(spark) < 2:
         if time.time() > deadline:

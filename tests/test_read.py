@@ -48,7 +48,8 @@ def tree_shards(tmp_path_factory):
     base = tmp_path_factory.mktemp("tree")
     written = write_imagenet_tree(str(base / "train"), per_class=5)
     prepare_image_dataset(str(base / "shards"), image_dir=str(base / "train"),
-                          config=ShardConfig(rows_per_row_group=2), spark=get_spark("local[2]"))
+                          config=ShardConfig(rows_per_row_group=2),
+                          spark=get_spark("local[2]", replace=True))
     return str(base / "shards"), written
 
 

@@ -67,3 +67,39 @@ def test_job_group_files_the_blocks_jobs_and_leaves_nothing_behind(spark):
         assert sc.parallelize(range(4), 2).sum() == 6
     assert sc.statusTracker().getJobIdsForGroup("dist_dl-test-ok")
     assert sc.getLocalProperty("spark.jobGroup.id") is None
+
+
+def test_a_session_on_another_master_is_not_stopped_behind_the_callers_back(spark):
+    from dist_dl.session import get_spark
+
+    with pytest.raises(ValueError, match=r"local\[2\].*is active.*spark.stop\(\)"):
+        get_spark("spark://127.0.0.1:1")
+    # The caller's session still works.
+    assert spark.sparkContext.parallelize([1, 2], 2).sum() == 3
+    assert get_spark() is spark
+
+
+def test_the_driver_address_follows_the_master():
+    from dist_dl.session import driver_address
+
+    assert driver_address("local[2]") == "127.0.0.1"
+    assert driver_address("spark://127.0.0.1:7077") == "127.0.0.1"
+    assert driver_address("spark://localhost:7077,localhost:7078") == "127.0.0.1"
+    assert driver_address("yarn") is None  # Spark's own default there
+    with pytest.raises(ValueError, match="does not resolve"):
+        driver_address("spark://no-such-host.invalid:7077")
+    # A master on another host: tests/test_separate_hosts.py checks the
+    # address on real hosts (the driver's eth0, never loopback).
+
+
+@pytest.mark.timeout(120)
+def test_stall_timeout_setting_is_checked(spark):
+    from dist_dl.stall import stall_timeout
+
+    assert stall_timeout(spark.sparkContext) == 180.0
+    spark.sparkContext._conf.set("spark.dist_dl.stallTimeout", "soon")
+    try:
+        with pytest.raises(ValueError, match="spark.dist_dl.stallTimeout must be a number"):
+            stall_timeout(spark.sparkContext)
+    finally:
+        spark.sparkContext._conf.set("spark.dist_dl.stallTimeout", "180")

@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
+import uuid
 from typing import Any
 
 from dist_dl.config import PipelineConfig
 from dist_dl.locations import local_path, spark_path
+from dist_dl.storage import check_shared
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
            "run_pipeline", "GateFailed"]
@@ -85,7 +86,10 @@ def prepare_data(config: PipelineConfig, *, master: str | None = None, spark=Non
         spark = _spark(master, spark)
         common.update(on_bad_image=d.on_bad_image, config=d.shard_config(), spark=spark)
         if d.source == "sklearn_digits":
-            scratch = tempfile.mkdtemp(prefix="dist_dl-digits-")
+            # The executors read the images, so they go under data.output
+            # (which must be shared storage), never a driver-local temp folder.
+            scratch = os.path.join(local_path(d.output, "data.output"),
+                                   f"_digits-{uuid.uuid4().hex[:12]}")
             try:
                 train_dir, val_dir = write_digits_tree(
                     scratch, image_size=d.image_size, validation_fraction=d.validation_fraction,
@@ -268,7 +272,10 @@ def score(config: PipelineConfig, *, master: str | None = None, spark=None,
     # The image bytes are the input, not the result: leave them out.
     result = scored.drop(image_col)
     output = s.output or os.path.join(config.train.output_dir, "scored")
-    if is_table and "/" not in output:
+    to_table = is_table and "/" not in output
+    check_shared(spark, {} if to_table else {"score.output": output},
+                 {} if is_table else {"score.input": source}, "dist-dl score")
+    if to_table:
         result.write.mode("overwrite").saveAsTable(output)
         rows = spark.read.table(output).count()
     else:

@@ -2,27 +2,40 @@
 
 Driver-side only. On Databricks (or inside any existing pipeline) the active
 session is used as it is; locally, `get_spark()` starts a hermetic
-`local[N]` session (UI off, temporary directories, loopback only).
+`local[N]` session (UI off, temporary directories, loopback only), or
+one on a cluster's master with the driver reachable from the other hosts.
 """
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 import sys
 import tempfile
 
-__all__ = ["get_spark", "task_slots", "job_group"]
+__all__ = ["get_spark", "driver_address", "task_slots", "job_group"]
 
 
-def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict | None = None):
-    """Return the active SparkSession, or start a local one.
+def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict | None = None,
+              *, replace: bool = False):
+    """Return the active SparkSession, or start one.
 
     Args:
         master: Spark master URL. None uses the active session if there is one,
-            else ``local[2]``. If a session with another master is active, it is
-            stopped and a new one is started (one SparkContext per process).
+            else ``local[2]``.
         app_name: Application name of a new session.
         conf: Extra Spark configuration for a new session.
+        replace: If a session with another master is active, stop it and start
+            one on ``master``. Without it that is an error: the active session
+            is the caller's (a notebook's, a pipeline's), and one process holds
+            one SparkContext.
+
+    A local master (``local[N]``, or a standalone master on loopback) keeps
+    the driver on 127.0.0.1. Any other master gets the driver's address on
+    the interface that routes to the master host (``driver_address``), so
+    executors on other hosts can call back; ``spark.driver.host`` in ``conf``
+    overrides it.
     """
     from pyspark.sql import SparkSession
 
@@ -30,13 +43,19 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
     if active is not None:
+        if not replace:
+            raise ValueError(
+                f"a SparkSession on master {active.sparkContext.master!r} is active, and one "
+                f"process can hold only one SparkContext, so none can start on {master!r}. "
+                "Leave master unset (or pass spark=) to use the active session, or stop it "
+                "first (spark.stop()).")
         active.stop()
     master = master or "local[2]"
     # Executors must run this interpreter (the one that has dist_dl and its
     # stack), and nothing should listen on a public interface locally.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith(("local", "spark://127.0.0.1", "spark://localhost")):
+    if driver_address(master) == "127.0.0.1":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     scratch = tempfile.mkdtemp(prefix="dist_dl-spark-")
     builder = (
@@ -44,18 +63,66 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.local.dir", os.path.join(scratch, "local"))
         .config("spark.sql.warehouse.dir", os.path.join(scratch, "warehouse"))
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch}")
     )
-    for key, value in (conf or {}).items():
+    conf = dict(conf or {})
+    host = conf.get("spark.driver.host") or driver_address(master)
+    if host is not None:
+        # Executors call the driver at spark.driver.host. Bound to that one
+        # address, not to every interface: on loopback for a local master.
+        builder = builder.config("spark.driver.host", host)
+        builder = builder.config("spark.driver.bindAddress",
+                                 conf.get("spark.driver.bindAddress", host))
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _master_host(master: str) -> str | None:
+    """The first host of a ``spark://`` URL (``spark://a:7077,b:7077``: ``a``)."""
+    if not master.startswith("spark://"):
+        return None
+    first = master[len("spark://"):].split(",")[0]
+    return first.rsplit(":", 1)[0].strip("[]") or None
+
+
+def driver_address(master: str) -> str | None:
+    """The address executors of ``master`` should call the driver at.
+
+    ``local[...]``: 127.0.0.1. ``spark://host:port``: this machine's address
+    on the interface that routes to ``host`` (127.0.0.1 when the master is on
+    loopback), or ``SPARK_LOCAL_IP`` when that is set to a routable address.
+    Other masters (YARN, Kubernetes): None, Spark's own default.
+
+    Raises:
+        ValueError: the master's host name does not resolve.
+    """
+    if master.startswith("local"):
+        return "127.0.0.1"
+    host = _master_host(master)
+    if host is None:
+        return None
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, 7077, proto=socket.IPPROTO_UDP)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"the Spark master's host {host!r} (from {master!r}) does not resolve "
+                         f"on this machine: {exc}. Use its address or a name this host's DNS "
+                         "knows.") from exc
+    if ipaddress.ip_address(sockaddr[0]).is_loopback:
+        return "127.0.0.1"
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if local_ip and not ipaddress.ip_address(local_ip).is_loopback:
+        return local_ip
+    # A UDP "connect" sends nothing: it asks the kernel which source address
+    # it would use for that destination, i.e. the interface that routes there.
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(sockaddr)
+        return probe.getsockname()[0]
 
 
 def task_slots(spark) -> int:
@@ -79,12 +146,25 @@ def job_group(sc, group: str, description: str):
     group's running jobs are cancelled (their tasks interrupted) before the
     error goes on. Either way the thread's job group and description are
     cleared at the end, so later jobs of the caller are not filed under it.
+
+    Off ``local[...]``, a :class:`~dist_dl.stall.StallWatch` turns jobs that
+    cannot run (no executor starts, executors keep dying) into
+    :class:`~dist_dl.stall.SparkStalled` after ``spark.dist_dl.stallTimeout``.
     """
+    from dist_dl.stall import SparkStalled, StallWatch
+
     sc.setJobGroup(group, description, interruptOnCancel=True)
+    watch = None if sc.master.startswith("local") else StallWatch(sc, group, description)
     try:
-        yield group
-    except BaseException:
+        if watch is None:
+            yield group
+        else:
+            with watch:
+                yield group
+    except BaseException as exc:
         sc.cancelJobGroup(group)
+        if watch is not None and watch.stalled:
+            raise SparkStalled(watch.message) from exc
         raise
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)

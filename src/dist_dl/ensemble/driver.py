@@ -29,6 +29,7 @@ from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.locations import local_path
 from dist_dl.session import job_group
+from dist_dl.storage import check_shared
 from dist_dl.tracking.target import mlflow_target
 
 __all__ = ["train_ensemble", "Ensemble", "PartitionMemoryError", "estimate_partition_memory"]
@@ -389,6 +390,8 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
                  memory_factor=float(memory_factor), task_memory_bytes=task_memory_bytes)
     _validate_columns(df, spec)
     output_dir = os.fspath(output_dir)
+    # Tasks write the members there and the scoring tasks read them.
+    check_shared(df.sparkSession, {"output_dir": output_dir}, purpose="train_ensemble")
     members_root = os.path.join(local_path(output_dir, "output_dir"), "ensembles")
     limit, source = ((task_memory_bytes, "task_memory_bytes") if task_memory_bytes
                      else _task_memory(df.sparkSession))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import codecs
 import functools
+import ipaddress
 import re
 import shutil
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -15,12 +17,51 @@ from dist_dl.launch.errors import JobTimeout, NotEnoughSlots
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.session import get_spark, task_slots
+from dist_dl.stall import SparkStalled, StallWatch
 
-__all__ = ["SparkBackend", "check_slots"]
+__all__ = ["SparkBackend", "check_slots", "cluster_nics"]
+
+NICS_KEY = "spark.dist_dl.nics"
 
 # One Horovod Spark job at a time per driver: the timeout backstop cancels
 # "the" running job group, whose name Horovod derives from a counter.
 _RUN_LOCK = threading.Lock()
+
+
+def cluster_nics(spark) -> set[str] | None:
+    """The network interfaces Horovod and Gloo use between Spark tasks.
+
+    ``spark.dist_dl.nics`` (comma-separated names) if set; else, off a local
+    master, the driver's interface that holds ``spark.driver.host`` (the one
+    that routes to the cluster: cluster nodes share interface names, e.g.
+    ``eth0``); else None (Horovod's own choice, fine on one machine).
+
+    Horovod left to itself intersects the interfaces the tasks report, which
+    on separate hosts is ``{"eth0", "lo"}``, then takes the first of that set
+    for the driver's rendezvous address (``horovod.runner.util.network.
+    get_driver_ip``) and for Gloo: with Python's randomised string hashing,
+    half the driver processes pick ``lo``, so workers on other hosts are told
+    to meet at 127.0.0.1 and abort (exit code 134).
+    """
+    conf = spark.sparkContext.getConf()
+    given = [n.strip() for n in (conf.get(NICS_KEY, "") or "").split(",") if n.strip()]
+    if given:
+        return set(given)
+    if spark.sparkContext.master.startswith("local"):
+        return None
+    host = conf.get("spark.driver.host", "") or ""
+    try:
+        address = socket.gethostbyname(host) if host else ""
+    except OSError:
+        return None
+    if not address or ipaddress.ip_address(address).is_loopback:
+        return None
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return {name}
+    return None
 
 
 def check_slots(spark, num_proc: int, wait: float) -> int:
@@ -55,7 +96,8 @@ class SparkBackend:
         start_timeout: Seconds Horovod waits for all tasks to start and register.
         grace: Seconds past the job's timeout before the driver cancels the
             Spark job of workers that did not stop themselves.
-        nics: Network interfaces for Gloo (default: Horovod finds common ones).
+        nics: Network interfaces for Horovod and Gloo (default:
+            :func:`cluster_nics`).
     """
 
     name = "spark"
@@ -82,10 +124,11 @@ class SparkBackend:
         with _RUN_LOCK:
             expired = threading.Event()
             backstop = None
+            # Horovod names its job group after a counter it increments at
+            # the start of run(): the group is the next number.
+            group = f"horovod.spark.run.{job_id.JOB_ID + 1}"
+            stall = StallWatch(spark.sparkContext, group, f"HorovodRunner(np={num_proc})")
             if options.timeout:
-                # Horovod names its job group after a counter it increments at
-                # the start of run(): the group is the next number.
-                group = f"horovod.spark.run.{job_id.JOB_ID + 1}"
 
                 def cancel():
                     expired.set()
@@ -95,12 +138,20 @@ class SparkBackend:
                 backstop.daemon = True
                 backstop.start()
             try:
-                results = horovod.spark.run(
-                    worker_fn, num_proc=num_proc, start_timeout=int(self.start_timeout),
-                    use_gloo=True, stdout=stream, stderr=stream, verbose=0,
-                    nics=set(self.nics) if self.nics else None)
+                with stall:
+                    results = horovod.spark.run(
+                        worker_fn, num_proc=num_proc, start_timeout=int(self.start_timeout),
+                        use_gloo=True, stdout=stream, stderr=stream, verbose=0,
+                        nics=set(self.nics) if self.nics else cluster_nics(spark))
             except Exception as exc:
                 sink.close()
+                if stall.stalled:
+                    raise SparkStalled(stall.message) from exc
+                if "Timed out waiting for Spark tasks to start" in str(exc):
+                    raise SparkStalled(
+                        f"the {num_proc} Spark tasks of HorovodRunner(np={num_proc}) did not all "
+                        f"start within start_timeout={self.start_timeout:g} s. "
+                        + stall.describe()) from exc
                 if expired.is_set() and sink.first("timeout") is None:
                     raise JobTimeout(
                         f"the job did not finish within its timeout of {options.timeout:g} s "

@@ -72,6 +72,56 @@ def _rank() -> int:
     return _place().rank
 
 
+class LoopbackHostname(RuntimeError):
+    """A multi-host Gloo job on a host whose name resolves to loopback."""
+
+
+def check_gloo_host_address(env) -> None:
+    """Fail with the fix, not an abort, where Horovod's Gloo would bind to loopback.
+
+    Horovod 0.28.1 builds the Gloo context of every process set, the global
+    one included, with the process set's own interface name, which is never
+    set (``horovod/common/gloo/gloo_context.cc``,
+    ``GlooContext::InitializeForProcessSet``: ``device_attr.iface =
+    gloo_iface_``, empty there), so ``HOROVOD_GLOO_IFACE`` is ignored and Gloo
+    falls back to the address this host's name resolves to. Where that is a
+    loopback address (Debian's ``127.0.1.1 <hostname>`` line, a container's
+    ``127.0.0.1 <hostname>``), workers on other hosts are told to connect to
+    127.x and every worker aborts in ``hvd.init()`` (exit code 134, no
+    message). Horovod is unmaintained, so the job fails here, before
+    ``hvd.init()``, naming the fix.
+
+    Only for Gloo jobs that span hosts (``HOROVOD_CROSS_SIZE`` > 1);
+    mpirun-started workers (Databricks' HorovodRunner) do not use Gloo.
+
+    Raises:
+        LoopbackHostname: the host name resolves to a loopback address.
+    """
+    if not env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return
+    try:
+        hosts = int(env.get("HOROVOD_CROSS_SIZE", "1"))
+    except ValueError:
+        return
+    if hosts <= 1:
+        return
+    import ipaddress
+
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        return  # Gloo's own lookup fails with its own message
+    if ipaddress.ip_address(address).is_loopback:
+        raise LoopbackHostname(
+            f"this host's name {name!r} resolves to {address}, a loopback address, and "
+            f"Horovod 0.28.1 binds its process sets' connections to that address (ignoring "
+            f"HOROVOD_GLOO_IFACE={env.get('HOROVOD_GLOO_IFACE')!r}), so the workers on the "
+            f"{hosts} hosts of this job cannot connect to each other. Make {name!r} resolve "
+            "to this host's cluster address on every worker host (its /etc/hosts line or "
+            "DNS; replace a '127.0.1.1 <hostname>' line).")
+
+
 def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     """Apply the Horovod fixes, the extra env, the CPU cycle-time default and
     the device plan to os.environ.
@@ -83,6 +133,7 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     os.environ.update(options.env)
     for name in device.horovod_env_fixes(os.environ):
         del os.environ[name]
+    check_gloo_host_address(os.environ)
     gpus = device.visible_gpus()
     # CPU workers: 5 ms unless the job or the environment set a cycle time
     # (the training worker raises it for large models, see device.py).

@@ -20,6 +20,7 @@ from dist_dl.prepare.labels import build_label_index, load_label_index, save_lab
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
 from dist_dl.progress import SparkProgress
 from dist_dl.session import job_group
+from dist_dl.storage import check_shared
 
 __all__ = ["PrepareSummary", "prepare_image_dataset"]
 
@@ -150,6 +151,9 @@ def prepare_image_dataset(
     out_path = local_path(output, "output")
     check_destination(out_path, format, mode)
     spark = spark or (dataframe.sparkSession if dataframe is not None else get_spark())
+    # Executors read the image files and write the shards.
+    check_shared(spark, {"output": output}, {"image_dir": image_dir, "labels_file": labels_file},
+                 "prepare_image_dataset")
 
     if image_dir is not None:
         rows = _list_images(image_dir, labels_file)

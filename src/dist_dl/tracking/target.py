@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri"]
+__all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder"]
 
 
 def absolute_tracking_uri(uri: str | None) -> str | None:
@@ -31,6 +31,20 @@ def absolute_tracking_uri(uri: str | None) -> str | None:
     if ":" not in uri.split("/")[0]:  # a path, not a scheme (databricks, sqlite:, http:...)
         return "file://" + os.path.abspath(uri)
     return uri
+
+
+def store_folder(uri: str | None) -> str | None:
+    """The folder of a file-based MLflow store (a ``file:`` store's root, a
+    ``sqlite:///`` database's folder), which every process that logs to it
+    must see; None for a tracking server."""
+    uri = absolute_tracking_uri(uri)
+    if uri is None:
+        return None
+    if uri.startswith("file:"):
+        return uri
+    if uri.startswith("sqlite:///"):
+        return os.path.dirname(uri[len("sqlite://"):]) or None
+    return None
 
 
 def experiment_id(name: str | None, client=None) -> str:

@@ -29,7 +29,9 @@ __all__ = ["train_distributed", "TrainedModel", "TrainingFailed"]
 _NOT_RETRIED = {"ValueError", "TypeError", "KeyError", "IndexError", "AttributeError",
                 "NameError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
                 "AssertionError", "SyntaxError", "ZeroDivisionError", "FileNotFoundError",
-                "InvalidArgumentError", "UnimplementedError"}
+                "InvalidArgumentError", "UnimplementedError",
+                # The cluster's set-up (dist_dl.launch.worker.check_gloo_host_address).
+                "LoopbackHostname"}
 _DONE = "_dist_dl_materialised.json"
 
 
@@ -186,6 +188,12 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
                          "(it runs in every worker)")
     output_dir = local_path(cfg.output_dir, "output_dir")
     spark = spark or _session_of(data) or _session_of(validation)
+    if spark is None and cfg.backend == "spark":
+        from dist_dl.session import get_spark
+
+        spark = get_spark()
+    if spark is not None and (_is_dataframe(data) or _backend(cfg.backend, spark) == "spark"):
+        _check_shared(spark, data, validation, cfg, tracking_uri)
 
     train_url, val_url, rows, disposable = _resolve_inputs(data, validation, cfg, output_dir,
                                                            spark)
@@ -195,6 +203,23 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     finally:
         if disposable is not None:
             shutil.rmtree(disposable, ignore_errors=True)
+
+
+def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str | None) -> None:
+    """Executors write a DataFrame's shards, and workers on Spark tasks read
+    the shards, write checkpoints and log to MLflow: every such folder must
+    be shared."""
+    import mlflow
+
+    from dist_dl.storage import check_shared
+    from dist_dl.tracking.target import store_folder
+
+    outputs = {"output_dir": cfg.output_dir, "checkpoint_dir": cfg.checkpoint_dir or None,
+               "MLflow tracking store": store_folder(tracking_uri or mlflow.get_tracking_uri())}
+    inputs = {name: os.fspath(value) for name, value in (("data", data),
+                                                          ("validation", validation))
+              if isinstance(value, (str, os.PathLike))}
+    check_shared(spark, outputs, inputs, "train_distributed")
 
 
 def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir, tracking_uri,

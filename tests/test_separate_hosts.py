@@ -1,0 +1,324 @@
+"""The library on a cluster of separate hosts (tests/hosts.py): a Spark
+master, two workers and the driver, each with its own address and /tmp,
+sharing one folder as DBFS would. Driver programs run on the driver host.
+
+Needs root; under CI=true a missing capability fails the tests instead of
+skipping them. One cluster serves the whole module.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hosts import HostCluster, base_folder, unavailable_reason
+
+pytestmark = [pytest.mark.hosts]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI must run the separate-hosts tests")
+        pytest.skip(reason)
+    cluster = HostCluster(base_folder())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.leftovers() == [], f"left behind: {cluster.leftovers()}"
+
+
+def _cli(hosts: HostCluster, *args: str, timeout: float = 900) -> str:
+    """Run ``dist-dl`` on the driver host; its output."""
+    code = f"""
+import subprocess, sys, json
+r = subprocess.run([sys.executable, "-m", "dist_dl.cli", *{list(args)!r}],
+                   capture_output=True, text=True)
+sys.stdout.write(r.stdout); sys.stderr.write(r.stderr)
+print(json.dumps({{"code": r.returncode}}))
+"""
+    out = hosts.run_driver(code, timeout=timeout)
+    assert out["code"] == 0, f"dist-dl {args[0]} failed:\n{out['_stdout'][-5000:]}\n" \
+                             f"{out['_stderr'][-8000:]}\n{hosts.executor_logs()}"
+    return out["_stdout"]
+
+
+@pytest.mark.timeout(1200)
+def test_demo_pipeline_on_separate_hosts(hosts):
+    """prepare-data, train (Spark backend: Horovod over Gloo between the two
+    worker hosts), evaluate, score: everything through the shared folder."""
+    shared = hosts.shared / "demo"
+    sets = {"data.output": shared / "shards", "train.output_dir": shared / "runs",
+            "tracking.tracking_uri": shared / "mlruns", "score.output": shared / "scored",
+            "train.epochs": 3}
+    args = ["pipeline", "--config", "demo", "--master", hosts.master_url]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    out = _cli(hosts, *args)
+    assert "dist_dl score:" in out, out
+    assert (shared / "scored").is_dir()
+    assert any((shared / "scored").glob("*.parquet"))
+    # The digits went through the shared folder, and the temporary tree is gone.
+    assert not list((shared / "shards").glob("_digits-*"))
+
+
+_RUNNER = """
+from dist_dl import HorovodRunner
+from dist_dl.session import get_spark
+
+def main(scale):
+    import os, socket
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    total = hvd.allreduce(tf.constant([float(hvd.rank() + 1) * scale]), op=hvd.Sum)
+    me = {"rank": hvd.rank(), "host": socket.gethostname(),
+          "iface": os.environ.get("HOROVOD_GLOO_IFACE"),
+          "rendezvous": os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
+          "sum": float(total.numpy()[0])}
+    return hvd.allgather_object(me)
+
+spark = ready(get_spark(MASTER))
+%s
+everyone = HorovodRunner(np=2).run(main, scale=10.0)
+print(json.dumps({"workers": everyone, "driver": spark.sparkContext.getConf().get("spark.driver.host")}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_horovod_runner_between_worker_hosts(hosts):
+    """HorovodRunner(np=2): one worker on each worker host, Gloo over eth0,
+    the rendezvous at the driver's own address. PYTHONHASHSEED=0 makes
+    Horovod's own interface choice pick loopback, as it does in about half of
+    driver processes (see dist_dl.launch.spark.cluster_nics)."""
+    out = hosts.run_driver(_RUNNER % "", env={"PYTHONHASHSEED": "0"})
+    workers = sorted(out["workers"], key=lambda w: w["rank"])
+    assert {w["host"] for w in workers} == {"worker1", "worker2"}
+    assert out["driver"] == hosts.hosts["driver"].address
+    for w in workers:
+        assert w["iface"] == "eth0"
+        assert w["rendezvous"] == hosts.hosts["driver"].address
+        assert w["sum"] == 30.0
+
+
+@pytest.mark.timeout(600)
+def test_nics_setting_overrides_the_interface(hosts):
+    """spark.dist_dl.nics names the interface; a name no host has fails
+    with Horovod's error, on the driver, within the start timeout."""
+    code = _RUNNER.replace("spark = ready(get_spark(MASTER))",
+                           "spark = ready(get_spark(MASTER, conf={'spark.dist_dl.nics': 'eth0'}))")
+    out = hosts.run_driver(code % "")
+    assert {w["iface"] for w in out["workers"]} == {"eth0"}
+
+
+def _program(body: str) -> str:
+    """A driver program: the tests' helpers importable (and shipped to the
+    workers by value, as a notebook's own module would be), a session on
+    the cluster with both executors registered."""
+    tests = str(Path(__file__).parent)
+    return f"""
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import cloudpickle
+import train_hooks
+cloudpickle.register_pickle_by_value(train_hooks)
+from dist_dl.session import get_spark
+spark = ready(get_spark(MASTER))
+""" + body
+
+
+@pytest.mark.timeout(900)
+def test_train_distributed_from_a_dataframe_then_batch_scoring(hosts):
+    """train_distributed(df) with the Spark backend: the executors write the
+    shards, the workers on the two worker hosts read them, rank 0 logs to the
+    shared MLflow store; then transform() scores on the executors."""
+    out = hosts.run_driver(_program("""
+from pyspark.sql import functions as F
+from dist_dl import train_distributed
+from dist_dl.prepare import write_digits_tree
+root = os.path.join(SHARED, "df")
+train_dir, val_dir = write_digits_tree(os.path.join(root, "digits"), image_size=16)
+def frame(folder):
+    return (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(folder)
+            .withColumn("digit", F.regexp_extract("path", r"/(\\d)/[^/]+$", 1)))
+trained = train_distributed(frame(train_dir), validation=frame(val_dir), model="small_cnn",
+                            image_size=16, image_col="content", label_col="digit",
+                            num_workers=2, backend="spark", epochs=3, batch_size=32,
+                            learning_rate=0.1, warmup_epochs=1, augment=False,
+                            eval_crop_fraction=1.0, output_dir=os.path.join(root, "out"),
+                            tracking_uri=os.path.join(root, "mlruns"))
+scored = trained.transform(frame(val_dir).select("content", "digit")).toPandas()
+accuracy = float((scored["prediction"].astype(str) == scored["digit"]).mean())
+print(json.dumps({"val_accuracy": trained.metrics["val_accuracy"], "scored": len(scored),
+                  "accuracy": accuracy, "attempts": trained.attempts,
+                  "checkpoints": sorted(os.listdir(trained.checkpoint_dir))}))
+"""))
+    assert out["attempts"] == 1
+    assert out["scored"] > 300
+    assert out["val_accuracy"] > 0.5 and abs(out["accuracy"] - out["val_accuracy"]) < 0.05
+    assert out["checkpoints"], "rank 0 wrote no checkpoint to the shared folder"
+
+
+@pytest.mark.timeout(900)
+def test_delta_source_and_resume_after_a_killed_worker(hosts):
+    """Delta shards written by the executors; a worker on another host is
+    killed mid-epoch 2 (SIGKILL): the retry resumes from the checkpoint of
+    epoch 1 that rank 0 wrote to the shared folder."""
+    out = hosts.run_driver(_program("""
+from dist_dl import train_distributed
+from dist_dl.prepare import prepare_image_dataset, write_digits_tree
+root = os.path.join(SHARED, "delta")
+train_dir, _ = write_digits_tree(os.path.join(root, "digits"), image_size=16,
+                                 validation_fraction=0.0)
+summary = prepare_image_dataset(os.path.join(root, "table"), image_dir=train_dir,
+                                format="delta", spark=spark)
+log = os.path.join(root, "epochs.log")
+trained = train_distributed(os.path.join(root, "table"), model="small_cnn", image_size=16,
+                            num_workers=2, backend="spark", epochs=3, batch_size=32,
+                            max_retries=1, validation_fraction=0.0, augment=False,
+                            output_dir=os.path.join(root, "out"),
+                            tracking_uri=os.path.join(root, "mlruns"),
+                            callbacks=train_hooks.EpochLog(log, kill_rank=1, kill_epoch=1,
+                                                           kill_batch=1))
+begun = {}
+for line in open(log):
+    pid, rank, epoch = map(int, line.split())
+    if rank == 0:
+        begun.setdefault(pid, []).append(epoch)
+print(json.dumps({"rows": summary.rows_written, "delta_log": os.path.isdir(
+                      os.path.join(root, "table", "_delta_log")),
+                  "attempts": trained.attempts, "begun": list(begun.values()),
+                  "killed": os.path.exists(log + ".killed"),
+                  "epochs_logged": len(trained.history["loss"])}))
+"""))
+    assert out["delta_log"] and out["rows"] == 1797
+    assert out["killed"] and out["attempts"] == 2
+    assert out["begun"] == [[0, 1], [1, 2]]  # epoch 1 was not lost
+    assert out["epochs_logged"] == 3
+
+
+@pytest.mark.timeout(900)
+def test_ensemble_and_search_on_separate_hosts(hosts):
+    """Ensemble members go through the shared output_dir (written by one
+    executor, read by another for scoring); search trials report to the
+    driver's address from both worker hosts."""
+    out = hosts.run_driver(_program("""
+from sklearn.datasets import load_wine
+from sklearn.ensemble import RandomForestClassifier
+from dist_dl.ensemble import train_ensemble
+from dist_dl.search import search
+from dist_dl.search import Uniform
+root = os.path.join(SHARED, "ens")
+wine = load_wine(as_frame=True).frame
+df = spark.createDataFrame(wine).repartition(4)
+features = [c for c in wine.columns if c != "target"]
+ensemble = train_ensemble(df, lambda i: RandomForestClassifier(n_estimators=20, random_state=i),
+                          num_models=4, feature_cols=features, label_col="target",
+                          output_dir=os.path.join(root, "out"),
+                          tracking_uri=os.path.join(root, "mlruns"))
+left = os.listdir(os.path.join(root, "out", "ensembles"))
+
+def trial(params, reporter):
+    import socket
+    reporter.report(params["x"])
+    return (params["x"] - 3.0) ** 2
+
+result = search(trial, {"x": Uniform(0.0, 6.0)}, max_trials=4, max_concurrent=2,
+                early_stopping=None, tracking_uri=os.path.join(root, "mlruns"), spark=spark)
+tracking = os.path.join(root, "mlruns")
+import mlflow
+mlflow.set_tracking_uri(tracking)
+print(json.dumps({"members": len(ensemble.members), "accuracy": ensemble.score,
+                  "left": left, "trials": len(result.trials), "best": result.best_value}))
+"""))
+    assert out["members"] == 4 and out["accuracy"] > 0.8
+    assert out["left"] == []
+    assert out["trials"] == 4
+
+
+@pytest.mark.timeout(600)
+def test_driver_local_paths_are_refused_before_any_worker_starts(hosts):
+    """The default output_dir ("runs", relative to the driver's working
+    directory in its own /tmp) and a driver-local MLflow store name the
+    setting and the fix; nothing starts on the workers."""
+    out = hosts.run_driver(_program("""
+from dist_dl import train_distributed
+from dist_dl.ensemble import train_ensemble
+from dist_dl.prepare import make_synthetic_images
+from dist_dl.storage import NotShared
+shards = os.path.join(SHARED, "refused", "shards")
+make_synthetic_images(shards, rows=16, image_size=16, classes=2, rows_per_row_group=4)
+errors = {}
+try:
+    train_distributed(shards, num_workers=2, backend="spark", epochs=1, image_size=16,
+                      tracking_uri=os.path.join(SHARED, "refused", "mlruns"))
+except NotShared as exc:
+    errors["output_dir"] = str(exc)
+try:
+    train_distributed(shards, num_workers=2, backend="spark", epochs=1, image_size=16,
+                      output_dir=os.path.join(SHARED, "refused", "out"),
+                      tracking_uri="/tmp/driver-only/mlruns")
+except NotShared as exc:
+    errors["store"] = str(exc)
+df = spark.createDataFrame([(float(i), i % 2) for i in range(40)], ["x", "y"])
+try:
+    train_ensemble(df, lambda i: None, num_models=2, feature_cols=["x"], label_col="y")
+except NotShared as exc:
+    errors["ensemble"] = str(exc)
+print(json.dumps({"errors": errors, "runs_left": os.listdir("runs") if os.path.exists("runs") else []}))
+"""))
+    errors = out["errors"]
+    assert set(errors) == {"output_dir", "store", "ensemble"}, errors
+    assert "output_dir = 'runs'" in errors["output_dir"] and "/dbfs/" in errors["output_dir"]
+    assert "/Volumes/" in errors["output_dir"]
+    assert "MLflow tracking store" in errors["store"] and "/tmp/driver-only/mlruns" in errors["store"]
+    assert "output_dir = 'runs'" in errors["ensemble"]
+    assert "Horovod" not in out["_stderr"] and "rank 0" not in out["_stdout"]
+
+
+@pytest.mark.timeout(600)
+def test_executors_that_cannot_reach_the_driver_end_in_an_error_not_a_hang(hosts):
+    """The driver address the library used to force (127.0.0.1) makes every
+    executor exit at start: the job fails within spark.dist_dl.stallTimeout,
+    quoting Spark's exit messages and the address the executors were given."""
+    out = hosts.run_driver("""
+import json, os, time
+from dist_dl.prepare import prepare_image_dataset, write_digits_tree
+from dist_dl.session import get_spark
+from dist_dl.stall import SparkStalled
+spark = get_spark(MASTER, conf={"spark.driver.host": "127.0.0.1",
+                                "spark.dist_dl.stallTimeout": "25"})
+train_dir, _ = write_digits_tree(os.path.join(SHARED, "stall", "digits"), image_size=8,
+                                 validation_fraction=0.0)
+start = time.time()
+try:
+    prepare_image_dataset(os.path.join(SHARED, "stall", "shards"), image_dir=train_dir,
+                          spark=spark)
+    error = None
+except SparkStalled as exc:
+    error = str(exc)
+print(json.dumps({"error": error, "seconds": time.time() - start}))
+""", timeout=400)
+    assert out["error"] is not None
+    assert "127.0.0.1:" in out["error"] and "spark.driver.host" in out["error"]
+    assert "exited with code" in out["error"], out["error"]
+    assert out["seconds"] < 25 + 60
+
+
+@pytest.mark.timeout(600)
+def test_a_host_name_resolving_to_loopback_is_named_not_an_abort(hosts):
+    """Worker hosts whose own name resolves to 127.0.1.1 (Debian's default
+    /etc/hosts): Horovod 0.28.1's Gloo would bind its process sets there and
+    every worker would abort with exit code 134 and no message (what the
+    issue saw). The workers refuse before hvd.init(), naming the fix."""
+    with hosts.loopback_hostnames():
+        with pytest.raises(AssertionError) as failed:
+            hosts.run_driver(_RUNNER % "", timeout=400)
+    text = str(failed.value)
+    assert "LoopbackHostname" in text and "resolves to 127.0.1.1" in text, text[-3000:]
+    assert "exited with code 134" not in text
