@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.10+, Java 17, gcc):
 #   make demo   install the pinned stack into .venv, run the main job locally
 #   make test   install the same way, run the whole test suite
+#   make wheel  build dist/dist_dl-<version>-py3-none-any.whl (what `dist-dl jobs deploy --wheel` uploads)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_M
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench wheel clean
 
 install: $(STAMP)
 
@@ -36,6 +37,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py
+
+# The project's wheel alone (--no-deps); --no-build-isolation: this
+# environment's setuptools builds it, nothing is downloaded.
+wheel: $(STAMP)
+	$(PY) -m pip wheel --no-deps --no-build-isolation --quiet -w dist .
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info runs

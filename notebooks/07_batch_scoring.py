@@ -48,8 +48,6 @@ config = config_from_widgets(params, {
 
 # COMMAND ----------
 
-from mlflow.tracking import MlflowClient
-
 from dist_dl import pipeline
 from dist_dl.read.resolve import resolve_files
 
@@ -59,19 +57,9 @@ except FileNotFoundError:
     print(f"no shards at {config.data.validation_output}: preparing them first")
     pipeline.prepare_data(config)
 
-name = config.tracking.registered_model_name
-if config.score.model_uri is None:
-    if not name:
-        raise ValueError("set the registered_model widget (or tracking.registered_model_name in "
-                         "the configuration), or give a model_uri to score")
-    client = MlflowClient(config.tracking.tracking_uri)
-    versions = client.search_model_versions(f"name = '{name}'")
-    if not versions:
-        if not params["train_if_missing"]:
-            raise ValueError(f"the registered model {name!r} has no version: run the training "
-                             "workflow's train task first, or set train_if_missing=true")
-        print(f"no version of {name!r} registered yet: training one first")
-        pipeline.train(config)
+# score.model_uri, or the newest registered version (trained here first if there is none
+# and train_if_missing is set; an error otherwise).
+pipeline.registered_or_trained(config, train_if_missing=params["train_if_missing"])
 
 # COMMAND ----------
 

@@ -9,6 +9,10 @@ import copy
 import io
 import json
 import re
+import shutil
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -16,14 +20,14 @@ import pytest
 from databricks.sdk.service.jobs import JobSettings
 
 from databricks_standin import DatabricksStandIn
-from dist_dl.databricks import jobs
 from dist_dl.databricks.jobs import (WHEEL_PLACEHOLDER, AuthenticationError, JobFileError,
                                      JobsError, RunFailedError, deploy, load_job, main, run,
                                      validate)
 
 pytestmark = pytest.mark.timeout(60)
 
-JOBS = Path(__file__).resolve().parent.parent / "jobs"
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "jobs"
 JOB_FILES = sorted(JOBS.glob("*.json"))
 GPU_RUNTIME = "15.4.x-gpu-ml-scala2.12"
 CPU_RUNTIME = "15.4.x-cpu-ml-scala2.12"
@@ -430,6 +434,15 @@ def test_deploy_refuses_a_file_that_is_not_the_wheel(workspace, job_file, tmp_pa
     assert workspace.files == {} and workspace.jobs == {}
 
 
+def test_deploy_command_needs_the_wheel(workspace, job_file, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["jobs", "deploy", str(job_file)])
+    assert exit_info.value.code == 2 and "--wheel" in capsys.readouterr().err
+    with pytest.raises(JobsError, match=r"no wheel to deploy: build it .*make wheel"):
+        deploy(job_file, None)
+    assert workspace.requests == []
+
+
 def test_deploy_refuses_an_invalid_job_file(workspace, tmp_path, wheel):
     job = small_job()
     _train(job)["depends_on"] = [{"task_key": "missing"}]
@@ -440,9 +453,32 @@ def test_deploy_refuses_an_invalid_job_file(workspace, tmp_path, wheel):
     assert workspace.requests == []
 
 
+def _make_wheel(tmp_path) -> Path:
+    """`make wheel` in a copy of the checkout (a build writes build/ and
+    *.egg-info into the folder it builds), with this interpreter as .venv's."""
+    checkout = tmp_path / "checkout"
+    clutter = {".git", ".venv", "build", "dist", "runs", "mlruns", "spark-warehouse",
+               "metastore_db", ".pytest_cache", ".benchmarks"}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        top = clutter if Path(folder) == ROOT else set()
+        return {n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info")}
+
+    shutil.copytree(ROOT, checkout, ignore=ignore)
+    stamp = checkout / ".venv" / ".installed"  # up to date: make installs nothing
+    stamp.parent.mkdir()
+    stamp.touch()
+    done = subprocess.run(["make", "-C", str(checkout), "wheel", f"PY={sys.executable}"],
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (checkout / "dist").glob("dist_dl-*.whl")
+    return wheel
+
+
 @pytest.mark.timeout(180)
-def test_deploy_command_builds_and_uploads_the_wheel(workspace, job_file, capsys):
-    assert main(["jobs", "deploy", str(job_file)]) == 0
+def test_deploy_command_uploads_the_wheel_that_make_builds(workspace, job_file, tmp_path, capsys):
+    built = _make_wheel(tmp_path)
+    assert main(["jobs", "deploy", str(job_file), "--wheel", str(built)]) == 0
     (path, content), = workspace.files.items()
     assert re.search(r"/dist_dl-0\.1\.0-py3-none-any\.whl$", path)
     with zipfile.ZipFile(io.BytesIO(content)) as built:
@@ -518,7 +554,7 @@ def test_run_command_by_job_id_without_waiting(workspace, job_file, wheel, capsy
 def test_run_command_reports_a_failed_run(workspace, job_file, wheel, capsys, monkeypatch):
     deploy(job_file, wheel, out=io.StringIO())
     workspace.fail_task = "score"
-    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
     assert main(["jobs", "run", str(job_file)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dist-dl jobs run: error: run ") and "task 'score' FAILED" in err

@@ -12,22 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main", "build_parser", "STEPS"]
+from dist_dl.databricks.jobs import add_jobs_command
+from dist_dl.steps import STEPS, add_steps
 
-# Command -> (function in dist_dl.pipeline, help).
-STEPS = {
-    "prepare-data": ("prepare_data", "write image shards (Parquet or Delta) from a folder tree, "
-                                     "a table, or synthetic/sample images"),
-    "train": ("train", "train_distributed on the shards of the data section"),
-    "evaluate": ("evaluate", "accuracy of a logged model on the validation shards; promote it "
-                             "(registry alias) if it passes"),
-    "score": ("score", "batch-score images with a logged model on the executors"),
-    "bench": ("bench", "throughput and scaling benchmark of data-parallel training"),
-    "ensemble": ("ensemble", "one random forest per Spark partition, combined"),
-    "search": ("search", "parallel hyperparameter trials of the train settings"),
-    "pipeline": ("run_pipeline", "prepare-data, train, evaluate and score in one go "
-                                 "(what `make demo` runs)"),
-}
+__all__ = ["main", "build_parser", "STEPS"]  # STEPS: dist_dl.steps, kept here for callers
 
 
 def _load(args):
@@ -66,27 +54,10 @@ def _overrides(items):
     return parse_overrides(items)
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None,
-                        help="YAML file, or the name of a shipped one (see `dist-dl configs`); "
-                             "default: every section's defaults")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one setting (repeatable), e.g. --set train.epochs=3")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dist-dl", description="Distributed deep learning on Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command, (function, text) in STEPS.items():
-        step = sub.add_parser(command, help=text, description=text)
-        _add_config_options(step)
-        step.add_argument("--master", default=None,
-                          help="Spark master URL when no session is active (default local[2]; "
-                               "on Databricks the cluster's session is used)")
-        step.set_defaults(func=_step(function))
-
-    from dist_dl.databricks.jobs import add_jobs_command
-
+    add_steps(sub, _step)
     add_jobs_command(sub)
 
     configs = sub.add_parser("configs", help="list the shipped configurations, or print one "

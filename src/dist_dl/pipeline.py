@@ -26,7 +26,7 @@ from dist_dl.locations import local_path, spark_path
 from dist_dl.storage import check_shared
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
-           "run_pipeline", "GateFailed"]
+           "run_pipeline", "GateFailed", "model_versions", "registered_or_trained"]
 
 
 class GateFailed(RuntimeError):
@@ -182,7 +182,7 @@ def _registered_model(config: PipelineConfig, alias: str | None = None) -> tuple
     if alias is not None:
         version = client.get_model_version_by_alias(name, alias)
     else:
-        versions = client.search_model_versions(f"name = '{name}'")
+        versions = model_versions(client, name)
         if not versions:
             raise ValueError(f"no version of the registered model {name!r}: run train first")
         version = max(versions, key=lambda v: int(v.version))
@@ -417,3 +417,66 @@ def run_pipeline(config: PipelineConfig, *, master: str | None = None, spark=Non
     if trained.tracking_uri.startswith("file://"):
         print(f"  browse: mlflow ui --backend-store-uri {trained.tracking_uri}")
     return result
+
+
+# ------------------------------------------------------- registry lookups
+
+def model_versions(client, name: str) -> list:
+    """Every version of the registered model ``name`` (MLflow ``ModelVersion``s).
+
+    The registry's search takes a filter string, and MLflow's filter grammar
+    has no escape for a quote inside a quoted name: the name goes in as a
+    literal in the quote it does not contain, and a name that no quote can
+    hold (both kinds, or a backslash, which the parser reads as an escape) is
+    refused, so no name can change what the filter selects.
+
+    Args:
+        client: An ``mlflow.tracking.MlflowClient``.
+        name: The registered model's name.
+
+    Raises:
+        ValueError: ``name`` is empty or cannot be quoted safely.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"registered model name {name!r}: give a non-empty name")
+    quote = "'" if "'" not in name else '"'
+    if quote in name or "\\" in name or any(ord(c) < 32 for c in name):
+        raise ValueError(f"registered model name {name!r} holds both kinds of quotes, a "
+                         "backslash or a control character, which an MLflow registry search "
+                         "cannot match safely: register the model under a plainer name")
+    found = client.search_model_versions(f"name = {quote}{name}{quote}")
+    return [v for v in found if v.name == name]  # the exact name, whatever the store's matching
+
+
+def registered_or_trained(config: PipelineConfig, *, train_if_missing: bool = False,
+                          master: str | None = None, spark=None) -> str:
+    """The model the evaluate and score steps will use, trained first if asked.
+
+    ``score.model_uri`` when set; else the newest version of
+    ``tracking.registered_model_name``. A registered model with no version
+    yet is trained (:func:`train`, which registers it) when
+    ``train_if_missing``, and is an error otherwise: on a cluster a missing
+    model should not start a long training from a scoring notebook.
+
+    Returns:
+        The model URI (``models:/<name>/<version>``, or ``score.model_uri``).
+
+    Raises:
+        ValueError: Neither a model URI nor a registered model name is set,
+            or the model has no version and ``train_if_missing`` is False.
+    """
+    if config.score.model_uri is not None:
+        return config.score.model_uri
+    from mlflow.tracking import MlflowClient
+
+    name = config.tracking.registered_model_name
+    if not name:
+        raise ValueError("set tracking.registered_model_name (the registered_model widget), or "
+                         "score.model_uri to score a model that is not registered")
+    if not model_versions(MlflowClient(_tracking_uri(config)), name):
+        if not train_if_missing:
+            raise ValueError(f"the registered model {name!r} has no version: run the training "
+                             "workflow's train task first, or set train_if_missing=true")
+        print(f"dist_dl: no version of {name!r} registered yet: training one first")
+        train(config, master=master, spark=spark)
+    return _registered_model(config)[0]

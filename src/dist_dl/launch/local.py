@@ -21,8 +21,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from dist_dl.launch.backend import failure_from
-from dist_dl.launch.errors import JobTimeout
+from dist_dl.launch.errors import JobTimeout, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
 

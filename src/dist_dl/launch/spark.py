@@ -12,8 +12,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from dist_dl.launch.backend import failure_from
-from dist_dl.launch.errors import JobTimeout, NotEnoughSlots
+from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.session import get_spark, task_slots
