@@ -68,6 +68,7 @@ def test_demo_pipeline_on_separate_hosts(hosts):
 
 
 _RUNNER = """
+import json
 from dist_dl import HorovodRunner
 from dist_dl.session import get_spark
 
