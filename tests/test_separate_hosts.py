@@ -222,7 +222,8 @@ ensemble = train_ensemble(df, lambda i: RandomForestClassifier(n_estimators=20, 
                           num_models=4, feature_cols=features, label_col="target",
                           output_dir=os.path.join(root, "out"),
                           tracking_uri=os.path.join(root, "mlruns"))
-left = os.listdir(os.path.join(root, "out", "ensembles"))
+members = os.path.join(root, "out", "ensembles")
+left = os.listdir(members) if os.path.exists(members) else []
 
 def trial(params, reporter):
     import socket
