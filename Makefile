@@ -24,7 +24,7 @@ $(STAMP): constraints.txt setup.py
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
 	$(PIP) install --quiet -c constraints.txt tensorflow-cpu cmake setuptools
 	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-build-isolation -c constraints.txt 'horovod[spark]'
-	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,dev]'
+	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,samples,dev]'
 	$(PY) -c "import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
 	touch $(STAMP)
 
