@@ -138,13 +138,17 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     assert {"model", "tensorboard"} <= artifacts
 
     # The same DataFrame again: its shards are reused, not rewritten.
-    from dist_dl.train.driver import _materialise
+    from dist_dl.prepare.materialise import materialise_dataframe
 
     root = os.path.join(config.output_dir, "shards")
     (fingerprint,) = os.listdir(root)
     labels = os.path.join(root, fingerprint, "train", "_labels.json")
     before = os.stat(labels).st_mtime_ns
-    _materialise(frame(train_dir), frame(val_dir), config, os.path.abspath(config.output_dir))
+    materialise_dataframe(frame(train_dir), frame(val_dir), os.path.abspath(config.output_dir),
+                          image_col=config.image_col, label_col=config.label_col,
+                          classes=config.classes, seed=config.seed,
+                          num_workers=config.num_workers,
+                          validation_fraction=config.validation_fraction)
     assert os.listdir(root) == [fingerprint] and os.stat(labels).st_mtime_ns == before
 
 
