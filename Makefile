@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.10+, Java 17, gcc):
 #   make demo   install the pinned stack into .venv, run the main job locally
 #   make test   install the same way, run the whole test suite
+#   make test-fast   the same without the tests marked slow (over a minute each)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_M
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-fast bench clean
 
 install: $(STAMP)
 
@@ -33,6 +34,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py

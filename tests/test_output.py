@@ -20,6 +20,7 @@ def test_quiet_defaults_never_override_the_users_choice():
     assert quiet_env(environ) == environ and quiet_env({"PATH": "/bin"}) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark, tmp_path):
     import mlflow
