@@ -2,6 +2,7 @@
 #   make demo   install the pinned stack into .venv, run the main job locally
 #   make test   install the same way, run the whole test suite
 #   make wheel  build dist/dist_dl-<version>-py3-none-any.whl (what `dist-dl jobs deploy --wheel` uploads)
+#   make test-fast   the same without the tests marked slow (over a minute each)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_M
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench wheel clean
+.PHONY: install demo test test-fast bench wheel clean
 
 install: $(STAMP)
 
@@ -25,7 +26,7 @@ $(STAMP): constraints.txt setup.py
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
 	$(PIP) install --quiet -c constraints.txt tensorflow-cpu cmake setuptools
 	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-build-isolation -c constraints.txt 'horovod[spark]'
-	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,dev]'
+	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,samples,dev]'
 	$(PY) -c "import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
 	touch $(STAMP)
 
@@ -34,6 +35,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py

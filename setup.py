@@ -35,6 +35,9 @@ setup(
         # built with Gloo (see the Makefile for the flags).
         "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod[spark]==0.28.1"],
         "delta": ["deltalake>=1.0"],
+        # scikit-learn's bundled datasets: the sklearn_* sources of the demo
+        # pipeline, ensemble and prepare-data (dist_dl.optional names it).
+        "samples": ["scikit-learn>=1.3"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["dist-dl=dist_dl.cli:main"]},

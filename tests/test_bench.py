@@ -23,6 +23,7 @@ def test_step_times_leave_out_the_warmup_steps():
         times.rate(32, skip=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_setup_runs_and_ratios_are_per_round(tmp_path):
     lines = []

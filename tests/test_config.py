@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from dist_dl import TrainConfig, train_distributed
 from dist_dl.cli import build_parser, main
 from dist_dl.config import (PipelineConfig, config_names, config_path, load_config,
                             parse_overrides, to_dict)
@@ -53,6 +54,25 @@ def test_wrong_type_and_bad_value_are_named(tmp_path):
         load_config(PipelineConfig, None, {"search.space": {"learning_rat": [0.1, 0.2]}})
     with pytest.raises(FileNotFoundError, match=r"no configuration 'nope'.*demo"):
         load_config(PipelineConfig, "nope")
+
+
+def test_every_setting_is_checked_including_the_flags_and_names_after_the_numbers(tmp_path):
+    # TrainConfig's checks of its flags and names once sat after a return and
+    # never ran, so shuffle="false" (a truthy string) trained with shuffling.
+    with pytest.raises(ValueError, match="TrainConfig.shuffle must be true or false, got 'false'"):
+        TrainConfig(shuffle="false")
+    with pytest.raises(ValueError, match="TrainConfig.label_col must be a non-empty string"):
+        TrainConfig(label_col="")
+    # train_distributed checks its settings before it looks at the data.
+    with pytest.raises(ValueError, match="TrainConfig.shuffle must be true or false"):
+        train_distributed(str(tmp_path / "nowhere"), shuffle="false")
+    with pytest.raises(ValueError, match=r"data.mode must be one of \('error', 'overwrite', "
+                                         r"'append'\), got 'replace'"):
+        load_config(PipelineConfig, None, {"data.mode": "replace"})
+    with pytest.raises(ValueError, match=r"bench.warmup_steps must be an int >= 0, got -1"):
+        load_config(PipelineConfig, None, {"bench.warmup_steps": -1})
+    with pytest.raises(ValueError, match=r"evaluate.alias must be a name \(letters, digits, _\)"):
+        load_config(PipelineConfig, None, {"evaluate.alias": "a b"})
 
 
 def test_overrides_parse_as_yaml_scalars():

@@ -3,6 +3,7 @@ sample images to shards, two Spark workers, MLflow, evaluate, register, score.""
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_demo_pipeline_prepares_trains_registers_evaluates_and_scores(spark, tmp_path,
                                                                       monkeypatch, capsys):

@@ -52,6 +52,21 @@ def test_launcher_place_from_horovod_or_open_mpi_variables():
     assert launcher_place({}) is None
 
 
+@pytest.mark.timeout(120)
+def test_the_rank_that_writes_comes_from_horovod_or_the_launcher_or_is_0():
+    # A fresh process: Horovod may have been initialised in this one by a test
+    # that runs a worker in-process, and then its rank would answer.
+    import subprocess
+    import sys
+
+    code = ("from dist_dl.launch.device import process_rank; "
+            "print(process_rank({'OMPI_COMM_WORLD_RANK': '5', 'OMPI_COMM_WORLD_LOCAL_RANK': '1'}),"
+            " process_rank({}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=100, check=True).stdout
+    assert out.split() == ["5", "0"]
+
+
 def test_workers_started_by_mpirun_get_their_local_rank_gpu_and_share_of_cores(monkeypatch):
     import os
 

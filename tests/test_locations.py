@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dist_dl.locations import is_remote, local_path, spark_path
+from dist_dl.locations import file_path, file_url, is_remote, local_path, spark_path
 from dist_dl.tracking.target import absolute_tracking_uri
 
 
@@ -18,6 +18,14 @@ def test_local_and_dbfs_paths_become_absolute_and_remote_urls_are_refused(tmp_pa
     assert is_remote("s3://b/k") and not is_remote("file:///x") and not is_remote("/x")
     with pytest.raises(ValueError, match="checkpoint_dir 's3://b/k' must be a file-system path"):
         local_path("s3://b/k", "checkpoint_dir")
+
+
+def test_file_paths_and_urls_of_local_locations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert file_url("runs/x") == f"file://{tmp_path}/runs/x" == spark_path("runs/x")
+    assert file_path(file_url("runs/x")) == str(tmp_path / "runs" / "x")
+    assert file_path("file:/data/x") == "/data/x" and file_path("dbfs:/ml/x") == "/dbfs/ml/x"
+    assert file_path("s3://b/k") is None and file_path("abfss://c@a.dfs.core.windows.net/x") is None
 
 
 def test_tracking_uris_of_local_stores_become_absolute(tmp_path, monkeypatch):

@@ -112,8 +112,15 @@ def test_widgets_are_read_once_in_the_first_code_cell_and_listed_in_the_header(p
     assert not missing, f"{path.name}: the header does not list the widgets {missing}"
 
 
+# Over a minute each in a full run here (pytest --durations=0): `make test-fast` skips them.
+SLOW_NOTEBOOKS = {"04_train_distributed_dataframe", "05_ensembles_and_search", "06_benchmark",
+                  "07_batch_scoring"}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
+                                  if p.stem in SLOW_NOTEBOOKS else p for p in NOTEBOOKS],
+                         ids=lambda p: p.stem)
 def test_notebook_runs_locally(path, spark, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the notebooks write under ./runs
     namespace = runpy.run_path(str(path), run_name="__main__")

@@ -64,6 +64,24 @@ def test_shard_config_is_validated(kwargs, match):
         ShardConfig(**kwargs)
 
 
+def test_the_number_of_classes_comes_from_the_label_index_or_the_caller(tmp_path):
+    from dist_dl.prepare import classes_of
+    from dist_dl.prepare.labels import save_label_index
+
+    save_label_index(str(tmp_path), {"cat": 0, "dog": 1, "eel": 2})
+    assert classes_of(str(tmp_path), fix="-") == (3, ["cat", "dog", "eel"])
+    assert classes_of(f"file://{tmp_path}", 3, fix="-") == (3, ["cat", "dog", "eel"])
+    with pytest.raises(ValueError, match="classes=5 but the label index of .* has 3 labels"):
+        classes_of(str(tmp_path), 5, fix="-")
+    (tmp_path / "bare").mkdir()
+    assert classes_of(str(tmp_path / "bare"), 2, fix="-") == (2, ["0", "1"])
+    assert classes_of("s3://bucket/shards", 2, fix="-") == (2, ["0", "1"])  # no index readable
+    with pytest.raises(ValueError, match=r"has no label index \(_labels.json\) beside it: run it"):
+        classes_of(str(tmp_path / "bare"), fix="run it")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        classes_of(str(tmp_path / "nowhere"), 2, fix="-")
+
+
 def test_synthetic_shards_have_the_documented_schema(tmp_path):
     summary = make_synthetic_images(str(tmp_path / "syn"), rows=7, image_size=24, classes=3,
                                     rows_per_row_group=3)

@@ -37,6 +37,7 @@ def _toy_objective():
     return train
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_grid_search_limits_concurrency_fails_and_stops_trials(spark, tmp_path):
     from mlflow.tracking import MlflowClient
@@ -80,6 +81,7 @@ def test_grid_search_limits_concurrency_fails_and_stops_trials(spark, tmp_path):
     assert [m.step for m in history if m.step > 0][:5] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_adaptive_search_finds_the_optimum_region(spark, tmp_path):
     def train(params, reporter):

@@ -67,6 +67,7 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient

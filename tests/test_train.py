@@ -61,6 +61,7 @@ def _epochs_begun(path):
     return list(out.values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, store, tmp_path):
     common = dict(model=train_hooks.plain_cnn, epochs=1, tracking_uri=store,
@@ -88,6 +89,7 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     assert _probed(probe) == ["present", "present"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model(
         spark, store, tmp_path, capsys):
@@ -138,16 +140,21 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     assert {"model", "tensorboard"} <= artifacts
 
     # The same DataFrame again: its shards are reused, not rewritten.
-    from dist_dl.train.driver import _materialise
+    from dist_dl.prepare.materialise import materialise_dataframe
 
     root = os.path.join(config.output_dir, "shards")
     (fingerprint,) = os.listdir(root)
     labels = os.path.join(root, fingerprint, "train", "_labels.json")
     before = os.stat(labels).st_mtime_ns
-    _materialise(frame(train_dir), frame(val_dir), config, os.path.abspath(config.output_dir))
+    materialise_dataframe(frame(train_dir), frame(val_dir), os.path.abspath(config.output_dir),
+                          image_col=config.image_col, label_col=config.label_col,
+                          classes=config.classes, seed=config.seed,
+                          num_workers=config.num_workers,
+                          validation_fraction=config.validation_fraction)
     assert os.listdir(root) == [fingerprint] and os.stat(labels).st_mtime_ns == before
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
         shards, store, tmp_path):
@@ -167,6 +174,7 @@ def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
     assert _max_difference(_weights(uninterrupted), _weights(resumed)) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
         shards, store, tmp_path):
@@ -198,6 +206,7 @@ def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, st
     assert MlflowClient(store).get_run(info.value.run_id).info.status == "FAILED"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
         shards, store, tmp_path):
@@ -216,6 +225,7 @@ def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
     assert _probed(probe) == ["present", "present"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_cpu_workers_of_a_large_model_get_the_long_cycle_time(shards, store, tmp_path,
                                                               monkeypatch):

@@ -36,6 +36,7 @@ import tempfile
 from typing import Callable
 
 from dist_dl.config import BenchConfig
+from dist_dl.locations import file_url
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "thread_split"]
@@ -262,7 +263,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                            lr_schedule="constant", validation_fraction=0.0,
                            fp16_allreduce=cfg.fp16_allreduce, backend="local",
                            output_dir=os.path.join(scratch, "runs"), keep_checkpoints=1)
-        tracking = "file://" + os.path.join(scratch, "mlruns")
+        tracking = file_url(os.path.join(scratch, "mlruns"))
         single = dataclasses.replace(base, num_workers=1, threads_per_worker=cfg.threads_per_worker)
         scaled = dataclasses.replace(base, num_workers=cfg.workers)
         counter = iter(range(10 ** 6))

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dist_dl.quiet import quiet_defaults
+
+    quiet_defaults()  # before TensorFlow, MLflow or Spark's JVM start
     from dist_dl.pipeline import GateFailed
     from dist_dl.train import TrainingFailed
 

@@ -20,6 +20,7 @@ import typing
 from typing import Any, Mapping, TypeVar
 
 from dist_dl.prepare.config import DataConfig
+from dist_dl.settings import checked, setting
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["PipelineConfig", "TrackingConfig", "EvaluateConfig", "ScoreConfig", "BenchConfig",
@@ -29,8 +30,11 @@ __all__ = ["PipelineConfig", "TrackingConfig", "EvaluateConfig", "ScoreConfig", 
 
 T = TypeVar("T")
 
+ENSEMBLE_SOURCES = ("table", "sklearn_digits", "sklearn_wine", "sklearn_breast_cancer")
+
 
 @dataclasses.dataclass(frozen=True)
+@checked("tracking.")
 class TrackingConfig:
     """Where runs and models are logged.
 
@@ -44,13 +48,14 @@ class TrackingConfig:
         registered_model_name: Register the trained model under this name.
     """
 
-    tracking_uri: str | None = None
-    experiment: str = "dist_dl"
-    run_name: str | None = None
-    registered_model_name: str | None = None
+    tracking_uri: str | None = setting(None)
+    experiment: str = setting("dist_dl", nonempty=True)
+    run_name: str | None = setting(None)
+    registered_model_name: str | None = setting(None)
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("evaluate.")
 class EvaluateConfig:
     """The gate between training and scoring.
 
@@ -62,20 +67,14 @@ class EvaluateConfig:
         batch_size: Images per forward pass.
     """
 
-    min_accuracy: float = 0.0
-    alias: str = "champion"
-    batch_size: int = 64
-
-    def __post_init__(self):
-        if not isinstance(self.min_accuracy, (int, float)) or not 0 <= self.min_accuracy <= 1:
-            raise ValueError(f"evaluate.min_accuracy must be in [0, 1], got {self.min_accuracy!r}")
-        if not isinstance(self.alias, str) or not self.alias.isidentifier():
-            raise ValueError(f"evaluate.alias must be a name (letters, digits, _), got {self.alias!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"evaluate.batch_size must be an int >= 1, got {self.batch_size!r}")
+    min_accuracy: float = setting(0.0, low=0.0, high=1.0)
+    alias: str = setting("champion", test=str.isidentifier,
+                         expected="a name (letters, digits, _)")
+    batch_size: int = setting(64, low=1)
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("score.")
 class ScoreConfig:
     """Batch scoring with a logged model.
 
@@ -90,18 +89,15 @@ class ScoreConfig:
         batch_size: Rows per call to the model on each executor.
     """
 
-    input: str | None = None
-    output: str | None = None
-    model_uri: str | None = None
-    image_col: str = "image"
-    batch_size: int = 64
-
-    def __post_init__(self):
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"score.batch_size must be an int >= 1, got {self.batch_size!r}")
+    input: str | None = setting(None)
+    output: str | None = setting(None)
+    model_uri: str | None = setting(None)
+    image_col: str = setting("image", nonempty=True)
+    batch_size: int = setting(64, low=1)
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("bench.")
 class BenchConfig:
     """The throughput and scaling benchmark (``dist-dl bench``).
 
@@ -119,28 +115,20 @@ class BenchConfig:
         output: JSON file the results are written to (optional).
     """
 
-    model: str = "resnet50"
-    image_size: int = 64
-    batch_size: int = 32
-    workers: int = 2
-    steps: int = 20
-    warmup_steps: int = 5
-    rounds: int = 3
-    threads_per_worker: int = 1
-    fp16_allreduce: bool = False
-    output: str | None = None
-
-    def __post_init__(self):
-        for name in ("image_size", "batch_size", "workers", "steps", "rounds",
-                     "threads_per_worker"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"bench.{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"bench.warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+    model: str = setting("resnet50", nonempty=True)
+    image_size: int = setting(64, low=1)
+    batch_size: int = setting(32, low=1)
+    workers: int = setting(2, low=1)
+    steps: int = setting(20, low=1)
+    warmup_steps: int = setting(5, low=0)
+    rounds: int = setting(3, low=1)
+    threads_per_worker: int = setting(1, low=1)
+    fp16_allreduce: bool = setting(False)
+    output: str | None = setting(None)
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("ensemble.")
 class EnsembleConfig:
     """An ensemble of random forests on a table (``dist-dl ensemble``).
 
@@ -158,28 +146,24 @@ class EnsembleConfig:
         seed: Seed of the split and the members.
     """
 
-    source: str = "sklearn_digits"
-    table: str | None = None
-    feature_cols: tuple | None = None
-    label_col: str = "label"
-    num_models: int = 4
-    combine: str = "vote"
-    n_estimators: int = 50
-    max_depth: int | None = 12
-    validation_fraction: float = 0.2
-    seed: int = 0
+    source: str = setting("sklearn_digits", choices=ENSEMBLE_SOURCES)
+    table: str | None = setting(None)
+    feature_cols: tuple | None = setting(None)
+    label_col: str = setting("label", nonempty=True)
+    num_models: int = setting(4, low=2)
+    combine: str = setting("vote", choices=("vote", "mean"))
+    n_estimators: int = setting(50, low=1)
+    max_depth: int | None = setting(12, low=1)
+    validation_fraction: float = setting(0.2, low=0.0, high=0.5, low_open=True, high_open=True)
+    seed: int = setting(0)
 
     def __post_init__(self):
-        sources = ("table", "sklearn_digits", "sklearn_wine", "sklearn_breast_cancer")
-        if self.source not in sources:
-            raise ValueError(f"ensemble.source must be one of {sources}, got {self.source!r}")
         if self.source == "table" and not self.table:
             raise ValueError("ensemble.source is 'table' but ensemble.table is not set")
-        if not isinstance(self.n_estimators, int) or self.n_estimators < 1:
-            raise ValueError(f"ensemble.n_estimators must be an int >= 1, got {self.n_estimators!r}")
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("search.")
 class SearchConfig:
     """Hyperparameter trials of the ``train`` settings (``dist-dl search``).
 
@@ -199,44 +183,38 @@ class SearchConfig:
         seed: Seed of the sampler.
     """
 
-    space: dict = dataclasses.field(default_factory=lambda: {
-        "learning_rate": {"loguniform": [0.001, 0.1]}, "momentum": [0.0, 0.9]})
-    max_trials: int = 8
-    max_concurrent: int = 2
-    algorithm: str = "tpe"
-    early_stopping: str | None = "median"
-    epochs: int = 3
-    max_steps_per_epoch: int | None = None
-    seed: int = 0
+    space: dict = setting(default_factory=lambda: {
+        "learning_rate": {"loguniform": [0.001, 0.1]}, "momentum": [0.0, 0.9]},
+        nonempty=True, expected="a mapping of train keys to ranges or lists of choices")
+    max_trials: int = setting(8, low=1)
+    max_concurrent: int = setting(2, low=1)
+    algorithm: str = setting("tpe", choices=("random", "grid", "tpe"))
+    early_stopping: str | None = setting("median", choices=("median", "hyperband"))
+    epochs: int = setting(3, low=1)
+    max_steps_per_epoch: int | None = setting(None, low=1)
+    seed: int = setting(0)
 
     def __post_init__(self):
-        if not isinstance(self.space, dict) or not self.space:
-            raise ValueError("search.space must map train keys to ranges or lists of choices")
         unknown = sorted(set(self.space) - {f.name for f in dataclasses.fields(TrainConfig)})
         if unknown:
             raise ValueError(f"search.space names {unknown}, which are not keys of the train "
                              f"section; valid: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
-        for name in ("max_trials", "max_concurrent", "epochs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"search.{name} must be an int >= 1, got {value!r}")
-        if self.algorithm not in ("random", "grid", "tpe"):
-            raise ValueError(f"search.algorithm must be 'random', 'grid' or 'tpe', "
-                             f"got {self.algorithm!r}")
 
 
 @dataclasses.dataclass(frozen=True)
+@checked("")
 class PipelineConfig:
-    """One configuration file: a section per step of the pipeline."""
+    """One configuration file: a section per step of the pipeline (each
+    section checks its own settings)."""
 
-    data: DataConfig = DataConfig()
-    train: TrainConfig = TrainConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    evaluate: EvaluateConfig = EvaluateConfig()
-    score: ScoreConfig = ScoreConfig()
-    bench: BenchConfig = BenchConfig()
-    ensemble: EnsembleConfig = EnsembleConfig()
-    search: SearchConfig = SearchConfig()
+    data: DataConfig = setting(DataConfig())
+    train: TrainConfig = setting(TrainConfig())
+    tracking: TrackingConfig = setting(TrackingConfig())
+    evaluate: EvaluateConfig = setting(EvaluateConfig())
+    score: ScoreConfig = setting(ScoreConfig())
+    bench: BenchConfig = setting(BenchConfig())
+    ensemble: EnsembleConfig = setting(EnsembleConfig())
+    search: SearchConfig = setting(SearchConfig())
 
 
 # ------------------------------------------------------------------ loading

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["local_path", "spark_path", "is_remote"]
+__all__ = ["local_path", "spark_path", "is_remote", "file_path", "file_url"]
 
 
 def is_remote(location: str) -> bool:
@@ -37,6 +37,19 @@ def local_path(location: str | os.PathLike, what: str = "location") -> str:
     return os.path.abspath(location)
 
 
+def file_path(location: str | os.PathLike) -> str | None:
+    """The absolute file-system path of ``location`` (a path, ``file:`` URL or
+    ``dbfs:/`` path), or None for remote storage Python cannot open."""
+    location = os.fspath(location)
+    return None if is_remote(location) else local_path(location)
+
+
+def file_url(path: str | os.PathLike) -> str:
+    """The absolute ``file://`` URL of a local path (relative paths resolve
+    against this process's working directory)."""
+    return "file://" + os.path.abspath(os.fspath(path))
+
+
 def spark_path(location: str | os.PathLike) -> str:
     """``location`` for Spark's readers and writers: a relative local path
     would resolve against the JVM's working directory, which need not be
@@ -44,4 +57,4 @@ def spark_path(location: str | os.PathLike) -> str:
     location = os.fspath(location)
     if location.startswith("dbfs:") or "://" in location:
         return location
-    return "file://" + local_path(location)
+    return file_url(local_path(location))

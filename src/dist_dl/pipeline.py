@@ -23,6 +23,7 @@ from typing import Any
 
 from dist_dl.config import PipelineConfig
 from dist_dl.locations import local_path, spark_path
+from dist_dl.optional import require
 from dist_dl.storage import check_shared
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
@@ -298,7 +299,8 @@ def bench(config: PipelineConfig, *, master: str | None = None, spark=None) -> d
 
 def _sklearn_frame(spark, source: str, label_col: str):
     import pandas as pd
-    from sklearn import datasets
+
+    datasets = require("sklearn.datasets", f"the ensemble source {source!r}")
 
     loader = {"sklearn_digits": datasets.load_digits, "sklearn_wine": datasets.load_wine,
               "sklearn_breast_cancer": datasets.load_breast_cancer}[source]
@@ -327,7 +329,8 @@ def ensemble(config: PipelineConfig, *, master: str | None = None, spark=None):
     n_estimators, max_depth = e.n_estimators, e.max_depth
 
     def forest(member):
-        from sklearn.ensemble import RandomForestClassifier
+        RandomForestClassifier = require("sklearn.ensemble",
+                                         "the ensemble's forests").RandomForestClassifier
 
         return RandomForestClassifier(n_estimators=n_estimators, max_depth=max_depth,
                                       random_state=e.seed + member, n_jobs=1)
@@ -347,6 +350,7 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     """Trials of the ``train`` settings named in ``search.space``, each a
     single-process training on the data shards in one Spark task; the
     objective is the last epoch's validation accuracy (maximised)."""
+    from dist_dl.prepare import classes_of
     from dist_dl.search import search as run_search
 
     s = config.search
@@ -357,7 +361,8 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     # The trials get the shards' file list, which has no label index beside
     # it: the class count is read here, on the driver.
     base = dataclasses.replace(config.train, epochs=s.epochs,
-                               classes=config.train.classes or _classes(data),
+                               classes=config.train.classes or classes_of(
+                                   data, fix="run prepare-data, or set train.classes")[0],
                                max_steps_per_epoch=s.max_steps_per_epoch or
                                config.train.max_steps_per_epoch)
     data_files, val_files = _files(data), (_files(validation) if validation else None)
@@ -377,16 +382,6 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     print(f"dist_dl search: best val_accuracy {result.best_value:.4f} with {result.best_params} "
           f"(MLflow run {result.best_run_id}, parent {result.parent_run_id})")
     return result
-
-
-def _classes(location: str) -> int:
-    from dist_dl.prepare import load_label_index
-
-    try:
-        return len(load_label_index(local_path(location)))
-    except FileNotFoundError:
-        raise ValueError(f"{location} has no label index (_labels.json): run prepare-data, or "
-                         "set train.classes") from None
 
 
 def _files(location: str) -> list[str]:

@@ -18,7 +18,6 @@ heap (Spark's default 1 GiB).
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 import uuid
@@ -27,125 +26,43 @@ from typing import Callable, Sequence
 
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
+from dist_dl.ensemble.memory import check_partition_memory, task_memory
 from dist_dl.locations import local_path
 from dist_dl.session import job_group
+from dist_dl.settings import checked, setting
 from dist_dl.storage import check_shared
 from dist_dl.tracking.target import mlflow_target
 
-__all__ = ["train_ensemble", "Ensemble", "PartitionMemoryError", "estimate_partition_memory"]
+__all__ = ["train_ensemble", "Ensemble"]
 
 _NUMERIC = {"ByteType": 1, "ShortType": 2, "IntegerType": 4, "LongType": 8, "FloatType": 4,
             "DoubleType": 8, "BooleanType": 1}
 _MLFLOW_TYPES = {"ByteType": "integer", "ShortType": "integer", "IntegerType": "integer",
                  "LongType": "long", "FloatType": "float", "DoubleType": "double",
                  "BooleanType": "boolean", "StringType": "string"}
-# Bytes a Python worker holds before it sees a row (interpreter, pandas,
-# pyarrow, scikit-learn); measured at 150-250 MiB here, rounded up.
-_WORKER_BASELINE = 256 * 2**20
 # The column of per-row random numbers that assigns rows (see train_ensemble).
 _RAND = "_dist_dl_rand"
 
 
-class PartitionMemoryError(ValueError):
-    """A partition would not fit in one Spark task's memory."""
-
-
 @dataclass(frozen=True)
+@checked()
 class _Spec:
     """The validated arguments of one ``train_ensemble`` call."""
 
-    num_models: int
-    feature_cols: tuple
-    label_col: str
-    combine: str
-    validation_fraction: float
-    seed: int
-    memory_factor: float
-    task_memory_bytes: int | None
+    num_models: int = setting(low=2, why="an ensemble has two members or more")
+    feature_cols: tuple = setting(nonempty=True, why="name the numeric feature columns")
+    label_col: str = setting(nonempty=True)
+    combine: str = setting(choices=COMBINE_METHODS)
+    validation_fraction: float = setting(low=0.0, high=0.5, low_open=True, high_open=True,
+                                         why="rows held out to score the ensemble")
+    seed: int = setting()
+    memory_factor: float = setting(low=1.0, why="task memory per byte of partition data")
+    task_memory_bytes: int | None = setting(low=1)
 
     def __post_init__(self):
-        if not isinstance(self.num_models, int) or self.num_models < 2:
-            raise ValueError(f"num_models={self.num_models!r}: an ensemble needs an int >= 2")
-        if not self.feature_cols:
-            raise ValueError("feature_cols is empty: name the numeric feature columns")
         if self.label_col in self.feature_cols:
             raise ValueError(f"label_col={self.label_col!r} is also in feature_cols; remove it "
                              "from feature_cols")
-        if self.combine not in COMBINE_METHODS:
-            raise ValueError(f"combine={self.combine!r}: use one of {COMBINE_METHODS}")
-        if not 0.0 < self.validation_fraction < 0.5:
-            raise ValueError(f"validation_fraction={self.validation_fraction!r}: give a "
-                             "fraction between 0 and 0.5 (rows held out to score the ensemble)")
-        if self.memory_factor < 1.0:
-            raise ValueError(f"memory_factor={self.memory_factor!r} must be >= 1 (task memory "
-                             "per byte of partition data)")
-        if self.task_memory_bytes is not None and self.task_memory_bytes <= 0:
-            raise ValueError(f"task_memory_bytes={self.task_memory_bytes!r} must be positive")
-
-
-def estimate_partition_memory(rows: int, num_features: int, *, memory_factor: float = 4.0) -> int:
-    """Bytes one task needs to train on a partition of ``rows`` rows.
-
-    The partition's data as float64 (features plus label) times
-    ``memory_factor`` (Arrow batches, the pandas frame, the NumPy matrix and the
-    model's own working copy each hold the data once), plus a Python worker's
-    baseline.
-    """
-    return int(rows * (num_features + 1) * 8 * memory_factor) + _WORKER_BASELINE
-
-
-def _task_memory(spark) -> tuple[int, str]:
-    """Memory one Python task may use, and where that figure comes from."""
-    conf = spark.sparkContext.getConf()
-    cores = int(conf.get("spark.executor.cores", "1") or 1)
-    pyspark_mem = conf.get("spark.executor.pyspark.memory", None)
-    if pyspark_mem:
-        # Spark sets this, divided by the executor's cores, as each Python
-        # worker's address-space limit (PythonRunner).
-        return (_parse_size(pyspark_mem) // cores,
-                f"spark.executor.pyspark.memory={pyspark_mem} / spark.executor.cores={cores}")
-    master = spark.sparkContext.master
-    if master.startswith("local"):
-        from dist_dl.session import task_slots
-
-        slots = max(1, task_slots(spark))
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total // slots, f"this machine's memory / {slots} local task slots"
-    executor = conf.get("spark.executor.memory", "1g")
-    # Without a Python limit, workers share the executor's node; its JVM size
-    # per core is a conservative stand-in for what each can use.
-    return (_parse_size(executor) // cores,
-            f"spark.executor.memory={executor} / spark.executor.cores={cores}")
-
-
-def _parse_size(text: str) -> int:
-    text = text.strip().lower()
-    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    text = text[:-1] if text.endswith("b") else text
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text) * 2**20  # Spark reads a bare number of memory as MiB
-
-
-def _check_memory(spec: _Spec, largest: int, train_rows: int, limit: int, source: str) -> None:
-    """Raise ``PartitionMemoryError`` if the largest partition (``largest``
-    training rows, counted) would not fit in ``limit`` bytes."""
-    need = estimate_partition_memory(largest, len(spec.feature_cols),
-                                     memory_factor=spec.memory_factor)
-    if need <= limit:
-        return
-    fixed = _WORKER_BASELINE
-    per_row = (len(spec.feature_cols) + 1) * 8 * spec.memory_factor
-    fits = max(0, int((limit - fixed) / per_row)) if limit > fixed else 0
-    # 10 % above the even share: random partitions are not all the same size.
-    hint = (f"raise num_models to at least {math.ceil(train_rows / fits * 1.1)}"
-            if fits > 0 else "no partition size fits, so give tasks more memory")
-    raise PartitionMemoryError(
-        f"the largest partition, {largest:,} rows x {len(spec.feature_cols)} features, needs "
-        f"about {need / 2**20:,.0f} MiB in one Spark task, more than the "
-        f"{limit / 2**20:,.0f} MiB a task has ({source}). Fix: {hint}, or raise the task "
-        f"memory (spark.executor.pyspark.memory, or task_memory_bytes if you know better), or "
-        f"lower memory_factor (now {spec.memory_factor}) if your model copies the data less.")
 
 
 @dataclass(frozen=True)
@@ -394,7 +311,7 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
     check_shared(df.sparkSession, {"output_dir": output_dir}, purpose="train_ensemble")
     members_root = os.path.join(local_path(output_dir, "output_dir"), "ensembles")
     limit, source = ((task_memory_bytes, "task_memory_bytes") if task_memory_bytes
-                     else _task_memory(df.sparkSession))
+                     else task_memory(df.sparkSession))
     group = f"dist_dl-ensemble-{uuid.uuid4().hex[:8]}"
     # The members' folder, removed when the call ends (they are in MLflow by
     # then, or the call failed).
@@ -441,7 +358,8 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                           F.collect_set(label_col).alias("labels"))
                      .collect())
             classes, partition_rows = _check_counts(stats, spec)
-            _check_memory(spec, max(partition_rows), sum(partition_rows), limit, source)
+            check_partition_memory(max(partition_rows), sum(partition_rows),
+                                   len(spec.feature_cols), spec.memory_factor, limit, source)
 
             _describe(sc, "train one member per partition")
             fn = functools.partial(_task.train_partition, factory=model_factory,

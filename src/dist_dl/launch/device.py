@@ -12,7 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "Place", "launcher_place", "plan_devices", "visible_gpus",
+__all__ = ["DevicePlan", "Place", "launcher_place", "horovod_if_initialized", "process_rank",
+           "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
 
@@ -63,6 +64,29 @@ def launcher_place(environ) -> Place | None:
             local = int(environ[local_rank])
             return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
     return None
+
+
+def horovod_if_initialized():
+    """``horovod.tensorflow`` once ``hvd.init()`` has run in this process, else None."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    try:
+        return hvd if hvd.is_initialized() else None
+    except Exception:  # horovod built without TensorFlow support
+        return None
+
+
+def process_rank(environ=None) -> int:
+    """This process's rank in its job: Horovod's once initialised, else the
+    rank its launcher set in the environment, else 0 (a process on its own).
+    Rank 0 is the one that writes checkpoints and logs."""
+    hvd = horovod_if_initialized()
+    if hvd is not None:
+        return hvd.rank()
+    place = launcher_place(os.environ if environ is None else environ)
+    return 0 if place is None else place.rank
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 
+from dist_dl.optional import require
 from dist_dl.prepare.schema import COLUMNS, LABELS_FILE, SUMMARY_FILE
 
 MODES = ("error", "overwrite", "append")
@@ -58,8 +59,8 @@ def clear_parquet_output(path: str) -> None:
 
 
 def _delta_schema():
-    from deltalake import Field, Schema
-
+    deltalake = require("deltalake", "writing a Delta table")
+    Field, Schema = deltalake.Field, deltalake.Schema
     kinds = {"binary": "binary", "int32": "integer", "string": "string"}
     return Schema([Field(name, kinds[kind], nullable=(name != "image"))
                    for name, kind in COLUMNS.items()])
@@ -74,8 +75,11 @@ def commit_delta(path: str, rel_files: list[str], mode: str) -> int:
     reading at an older version still works until a VACUUM).
     """
     import pyarrow.parquet as pq
-    from deltalake import DeltaTable
-    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    DeltaTable = require("deltalake", "writing a Delta table").DeltaTable
+    transaction = require("deltalake.transaction", "writing a Delta table")
+    AddAction = transaction.AddAction
+    create_table_with_add_actions = transaction.create_table_with_add_actions
 
     actions = []
     for rel in rel_files:

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dist_dl.settings import checked, setting
+
 __all__ = ["ShardConfig", "DataConfig", "SOURCES"]
 
 
 @dataclass(frozen=True)
+@checked("ShardConfig.")
 class ShardConfig:
     """Encoding and layout of image shards, validated on construction.
 
@@ -28,30 +31,17 @@ class ShardConfig:
             folder tree lists images class by class). Default 0.
     """
 
-    resize_short_side: int | None = None
-    jpeg_quality: int = 90
-    rows_per_row_group: int = 512
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.resize_short_side is not None and (
-                not isinstance(self.resize_short_side, int) or self.resize_short_side < 8):
-            raise ValueError(f"ShardConfig.resize_short_side must be None or an int >= 8, "
-                             f"got {self.resize_short_side!r}")
-        if not isinstance(self.jpeg_quality, int) or not 1 <= self.jpeg_quality <= 95:
-            raise ValueError(f"ShardConfig.jpeg_quality must be an int in [1, 95] (Pillow's "
-                             f"useful range), got {self.jpeg_quality!r}")
-        if not isinstance(self.rows_per_row_group, int) or self.rows_per_row_group < 1:
-            raise ValueError(f"ShardConfig.rows_per_row_group must be a positive int, "
-                             f"got {self.rows_per_row_group!r}")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"ShardConfig.seed must be an int, got {self.seed!r}")
+    resize_short_side: int | None = setting(None, low=8)
+    jpeg_quality: int = setting(90, low=1, high=95, why="Pillow's useful range")
+    rows_per_row_group: int = setting(512, low=1)
+    seed: int = setting(0)
 
 
 SOURCES = ("folder", "table", "synthetic", "sklearn_digits")
 
 
 @dataclass(frozen=True)
+@checked("data.")
 class DataConfig:
     """The ``data`` section of a configuration: what ``dist-dl prepare-data``
     writes, and where the later steps find it.
@@ -79,29 +69,27 @@ class DataConfig:
         seed: Seed of the split and of synthetic pixels.
     """
 
-    source: str = "synthetic"
-    train_dir: str | None = None
-    val_dir: str | None = None
-    val_labels_file: str | None = None
-    table: str | None = None
-    image_col: str = "image"
-    label_col: str = "label"
-    validation_fraction: float = 0.1
-    synthetic_rows: int = 1024
-    image_size: int = 64
-    classes: int = 10
-    output: str = "runs/shards"
-    format: str = "parquet"
-    mode: str = "overwrite"
-    on_bad_image: str = "fail"
-    resize_short_side: int | None = None
-    jpeg_quality: int = 90
-    rows_per_row_group: int = 512
-    seed: int = 0
+    source: str = setting("synthetic", choices=SOURCES)
+    train_dir: str | None = setting(None)
+    val_dir: str | None = setting(None)
+    val_labels_file: str | None = setting(None)
+    table: str | None = setting(None)
+    image_col: str = setting("image", nonempty=True)
+    label_col: str = setting("label", nonempty=True)
+    validation_fraction: float = setting(0.1, low=0.0, high=0.5, high_open=True)
+    synthetic_rows: int = setting(1024, low=1)
+    image_size: int = setting(64, low=8)
+    classes: int = setting(10, low=2)
+    output: str = setting("runs/shards", nonempty=True)
+    format: str = setting("parquet", choices=("parquet", "delta"))
+    mode: str = setting("overwrite", choices=("error", "overwrite", "append"))
+    on_bad_image: str = setting("fail", choices=("fail", "skip"))
+    resize_short_side: int | None = setting(None, low=8)
+    jpeg_quality: int = setting(90, low=1, high=95, why="Pillow's useful range")
+    rows_per_row_group: int = setting(512, low=1)
+    seed: int = setting(0)
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"data.source must be one of {SOURCES}, got {self.source!r}")
         if self.source == "folder" and not self.train_dir:
             raise ValueError("data.source is 'folder' but data.train_dir is not set: give the "
                              "folder of <label>/<image> files")
@@ -110,21 +98,6 @@ class DataConfig:
                              "table (or view) name")
         if self.val_labels_file and not self.val_dir:
             raise ValueError("data.val_labels_file labels the files of data.val_dir: set val_dir")
-        if not isinstance(self.validation_fraction, (int, float)) or \
-                not 0 <= self.validation_fraction < 0.5:
-            raise ValueError(f"data.validation_fraction must be in [0, 0.5), "
-                             f"got {self.validation_fraction!r}")
-        for name, low in (("synthetic_rows", 1), ("image_size", 8), ("classes", 2)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"data.{name} must be an int >= {low}, got {value!r}")
-        if self.format not in ("parquet", "delta"):
-            raise ValueError(f"data.format must be 'parquet' or 'delta', got {self.format!r}")
-        if self.mode not in ("error", "overwrite", "append"):
-            raise ValueError(f"data.mode must be 'error', 'overwrite' or 'append', got {self.mode!r}")
-        if self.on_bad_image not in ("fail", "skip"):
-            raise ValueError(f"data.on_bad_image must be 'fail' or 'skip', got {self.on_bad_image!r}")
-        self.shard_config()  # validates the shard settings, naming them
 
     def shard_config(self) -> ShardConfig:
         """The encoding settings as a :class:`ShardConfig`."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import os
 
+from dist_dl.optional import require
+
 __all__ = ["write_digits_tree"]
 
 
@@ -32,7 +34,8 @@ def write_digits_tree(root: str, *, image_size: int = 32, validation_fraction: f
     """
     import numpy as np
     from PIL import Image
-    from sklearn.datasets import load_digits
+
+    load_digits = require("sklearn.datasets", "the sklearn_digits sample images").load_digits
 
     if not isinstance(image_size, int) or image_size < 8:
         raise ValueError(f"image_size must be an int >= 8, got {image_size!r}")

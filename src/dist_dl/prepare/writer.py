@@ -12,7 +12,7 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from dist_dl.locations import local_path, spark_path
+from dist_dl.locations import file_url, local_path, spark_path
 from dist_dl.prepare._output import (check_destination, clear_parquet_output, commit_delta,
                                      is_delta_table, spark_has_delta, write_json)
 from dist_dl.prepare.config import ShardConfig
@@ -486,7 +486,7 @@ def _write(spark, good, output, out_path, fmt, mode, config) -> int | None:
     staging = os.path.join(out_path, staging_name)
     os.makedirs(out_path, exist_ok=True)
     try:
-        writer(good).mode("overwrite").parquet("file://" + staging)
+        writer(good).mode("overwrite").parquet(file_url(staging))
         files = sorted(n for n in os.listdir(staging) if n.endswith(".parquet"))
         for name in files:
             os.replace(os.path.join(staging, name), os.path.join(out_path, name))

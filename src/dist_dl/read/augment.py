@@ -7,10 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dist_dl.settings import checked, setting
+
 __all__ = ["ReaderConfig", "train_transform", "eval_transform"]
 
 
+def _numbers(values: tuple, count: int) -> bool:
+    return len(values) == count and all(isinstance(v, (int, float)) for v in values)
+
+
+def _range(pair: tuple, top: float | None = None) -> bool:
+    return (_numbers(pair, 2) and 0 < pair[0] <= pair[1]
+            and (top is None or pair[1] <= top))
+
+
 @dataclass(frozen=True)
+@checked("ReaderConfig.")
 class ReaderConfig:
     """Image transform and input pipeline settings, validated on construction.
 
@@ -30,37 +42,20 @@ class ReaderConfig:
         reader_threads: Petastorm reader threads (Parquet reads). Default 2.
     """
 
-    image_size: int = 224
-    eval_crop_fraction: float = 0.875
-    area_range: tuple = (0.08, 1.0)
-    aspect_ratio_range: tuple = (3 / 4, 4 / 3)
-    flip: bool = True
-    mean: tuple = (0.485, 0.456, 0.406)
-    std: tuple = (0.229, 0.224, 0.225)
-    shuffle_buffer: int = 1024
-    reader_threads: int = 2
+    image_size: int = setting(224, low=8)
+    eval_crop_fraction: float = setting(0.875, low=0.0, high=1.0, low_open=True)
+    area_range: tuple = setting((0.08, 1.0), test=lambda r: _range(r, 1.0),
+                                expected="(low, high) with 0 < low <= high <= 1")
+    aspect_ratio_range: tuple = setting((3 / 4, 4 / 3), test=_range,
+                                        expected="(low, high) with 0 < low <= high")
+    flip: bool = setting(True)
+    mean: tuple = setting((0.485, 0.456, 0.406), test=lambda m: _numbers(m, 3),
+                          expected="3 numbers (RGB)")
+    std: tuple = setting((0.229, 0.224, 0.225), test=lambda s: _numbers(s, 3) and min(s) > 0,
+                         expected="3 numbers > 0 (RGB)")
+    shuffle_buffer: int = setting(1024, low=1)
+    reader_threads: int = setting(2, low=1)
 
-    def __post_init__(self):
-        if not isinstance(self.image_size, int) or self.image_size < 8:
-            raise ValueError(f"ReaderConfig.image_size must be an int >= 8, "
-                             f"got {self.image_size!r}")
-        if not 0 < self.eval_crop_fraction <= 1:
-            raise ValueError("ReaderConfig.eval_crop_fraction must be in (0, 1], got "
-                             f"{self.eval_crop_fraction!r}")
-        for name in ("area_range", "aspect_ratio_range"):
-            low, high = getattr(self, name)
-            if not 0 < low <= high or (name == "area_range" and high > 1):
-                raise ValueError(f"ReaderConfig.{name} must be (low, high) with 0 < low <= high"
-                                 f"{' <= 1' if name == 'area_range' else ''}, got "
-                                 f"{getattr(self, name)!r}")
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise ValueError("ReaderConfig.mean and .std must have 3 values (RGB), std > 0")
-        if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 1:
-            raise ValueError(f"ReaderConfig.shuffle_buffer must be an int >= 1, got "
-                             f"{self.shuffle_buffer!r}")
-        if not isinstance(self.reader_threads, int) or self.reader_threads < 1:
-            raise ValueError(f"ReaderConfig.reader_threads must be an int >= 1, got "
-                             f"{self.reader_threads!r}")
 
 
 def _normalise(image, config: ReaderConfig):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from dist_dl.locations import is_remote, local_path
+from dist_dl.locations import file_path, file_url, is_remote, local_path
+from dist_dl.optional import require
 
 __all__ = ["resolve_files", "to_url"]
 
@@ -24,11 +25,7 @@ def to_url(location: str) -> str:
     if not location.startswith(("file:", "dbfs:")) and not os.path.exists(path):
         raise FileNotFoundError(f"dataset {location!r} does not exist (a local path; for other "
                                 "storage pass a URL such as hdfs://... or s3://...)")
-    return "file://" + path
-
-
-def _local(url: str) -> str | None:
-    return url[len("file://"):] if url.startswith("file://") else None
+    return file_url(path)
 
 
 def resolve_files(url: str, version: int | None = None) -> list[str]:
@@ -47,15 +44,13 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
             or no Parquet files found.
     """
     url = to_url(url)
-    local = _local(url)
+    local = file_path(url)
     if local is None:
         if version is not None:
             raise ValueError("version= is supported for local (and /dbfs) Delta tables only")
         return [url]  # remote folder: Petastorm lists it
     if os.path.isdir(os.path.join(local, "_delta_log")):
-        from deltalake import DeltaTable
-
-        table = DeltaTable(local)
+        table = require("deltalake", "reading a Delta table").DeltaTable(local)
         if version is not None:
             if not isinstance(version, int) or version < 0:
                 raise ValueError(f"version must be a Delta version number >= 0, got {version!r}")
@@ -80,4 +75,4 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
                   if n.endswith(".parquet") and not n.startswith(("_", "."))]
     if not files:
         raise ValueError(f"no Parquet files in {local}: is it the dataset's folder?")
-    return ["file://" + f for f in sorted(files)]
+    return [file_url(f) for f in sorted(files)]

@@ -22,7 +22,9 @@ from typing import Any, Callable, Mapping
 
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
+from dist_dl.optional import require
 from dist_dl.session import job_group
+from dist_dl.settings import checked, setting
 from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
@@ -72,30 +74,17 @@ class SearchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+@checked()
 class _Spec:
-    max_trials: int
-    max_concurrent: int
-    algorithm: str
-    mode: str
-    early_stopping: str | None
-    early_stopping_startup_trials: int
-    early_stopping_warmup_steps: int
+    """The validated arguments of one ``search`` call."""
 
-    def __post_init__(self):
-        if not isinstance(self.max_trials, int) or self.max_trials < 1:
-            raise ValueError(f"max_trials={self.max_trials!r}: give an int >= 1")
-        if not isinstance(self.max_concurrent, int) or self.max_concurrent < 1:
-            raise ValueError(f"max_concurrent={self.max_concurrent!r}: give an int >= 1")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm={self.algorithm!r}: use one of {ALGORITHMS}")
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode={self.mode!r}: use 'min' or 'max'")
-        if self.early_stopping not in EARLY_STOPPING:
-            raise ValueError(f"early_stopping={self.early_stopping!r}: use one of "
-                             f"{EARLY_STOPPING}")
-        if self.early_stopping_startup_trials < 0 or self.early_stopping_warmup_steps < 0:
-            raise ValueError("early_stopping_startup_trials and early_stopping_warmup_steps "
-                             "must be >= 0")
+    max_trials: int = setting(low=1)
+    max_concurrent: int = setting(low=1)
+    algorithm: str = setting(choices=ALGORITHMS)
+    mode: str = setting(choices=("min", "max"))
+    early_stopping: str | None = setting(choices=EARLY_STOPPING)
+    early_stopping_startup_trials: int = setting(low=0)
+    early_stopping_warmup_steps: int = setting(low=0)
 
 
 def _sampler(algorithm: str, seed: int | None):
@@ -185,7 +174,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         SearchError: no trial completed.
     """
     import mlflow
-    import optuna
+
+    optuna = require("optuna", "dist_dl.search")
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
     from pyspark import InheritableThread

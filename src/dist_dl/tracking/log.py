@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import mlflow
 
+from dist_dl.launch.device import process_rank
 from dist_dl.lazy import lazy_attributes
 from dist_dl.tracking.preprocess import ImagePreprocessing
 
@@ -260,12 +261,7 @@ def _define_epoch_logger():
         def __init__(self, images_per_epoch: int | None = None, writer: bool | None = None):
             super().__init__()
             if writer is None:
-                try:
-                    import horovod.tensorflow as hvd
-
-                    writer = not hvd.is_initialized() or hvd.rank() == 0
-                except ImportError:
-                    writer = True
+                writer = process_rank() == 0
             self.images_per_epoch = images_per_epoch
             self.writer = writer
             self._start = None

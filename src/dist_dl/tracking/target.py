@@ -12,7 +12,8 @@ to ``mlflow.start_run(experiment_id=...)``.
 from __future__ import annotations
 
 import contextlib
-import os
+
+from dist_dl.locations import file_url
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder"]
 
@@ -27,9 +28,9 @@ def absolute_tracking_uri(uri: str | None) -> str | None:
     if uri is None or uri.split(":")[0] in ("databricks", "databricks-uc"):
         return uri  # the workspace's tracking server (databricks, databricks://profile)
     if uri.startswith("file:") and not uri.startswith("file:///"):
-        return "file://" + os.path.abspath(uri[len("file:"):])
+        return file_url(uri[len("file:"):])
     if ":" not in uri.split("/")[0]:  # a path, not a scheme (databricks, sqlite:, http:...)
-        return "file://" + os.path.abspath(uri)
+        return file_url(uri)
     return uri
 
 

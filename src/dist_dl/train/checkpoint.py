@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dist_dl.launch.device import horovod_if_initialized, process_rank
 from dist_dl.lazy import lazy_attributes
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
@@ -343,7 +344,7 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
             initialised with more than one rank.
         include_optimizer: Restore the optimizer's state too.
     """
-    hvd = _horovod_if_initialized()
+    hvd = horovod_if_initialized()
     if broadcast is None:
         broadcast = hvd is not None and hvd.size() > 1
     if not broadcast:
@@ -410,8 +411,7 @@ def _define_checkpoint_callback():
             if not isinstance(every, int) or every < 1:
                 raise ValueError(f"every must be an int >= 1, got {every!r}")
             if writer is None:
-                hvd = _horovod_if_initialized()
-                writer = hvd is None or hvd.rank() == 0
+                writer = process_rank() == 0
             self.manager = manager
             self.every = every
             self.writer = writer
@@ -459,17 +459,6 @@ def _build_optimizer(optimizer, model) -> None:
         optimizer._create_all_weights(model.trainable_variables)
     else:
         optimizer.build(model.trainable_variables)
-
-
-def _horovod_if_initialized():
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return None
-    try:
-        return hvd if hvd.is_initialized() else None
-    except Exception:  # horovod built without TensorFlow support
-        return None
 
 
 def _sha256(path: Path) -> str:

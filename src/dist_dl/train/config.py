@@ -8,29 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dist_dl.settings import checked, setting
+
 __all__ = ["TrainConfig", "BACKENDS"]
 
 BACKENDS = ("auto", "local", "spark")
 
 
-def _positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"TrainConfig.{name} must be a positive int"
-                         f"{' or None' if allow_none else ''}, got {value!r}")
-
-
-def _number(name: str, value, low: float, high: float | None = None,
-            low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-        raise ValueError(f"TrainConfig.{name} must be a number {bound}, got {value!r}")
-
-
 @dataclass(frozen=True)
+@checked("TrainConfig.")
 class TrainConfig:
     """How ``train_distributed`` trains.
 
@@ -121,90 +107,51 @@ class TrainConfig:
         keep_checkpoints: Newest checkpoints kept.
     """
 
-    model: str = "small_cnn"
-    image_size: int = 224
-    classes: int | None = None
-    image_col: str = "image"
-    label_col: str = "label"
-    validation_fraction: float = 0.1
+    model: str = setting("small_cnn", nonempty=True, expected="a model name",
+                         why="pass a builder function as train_distributed(model=...) instead")
+    image_size: int = setting(224, low=8)
+    classes: int | None = setting(None, low=2)
+    image_col: str = setting("image", nonempty=True)
+    label_col: str = setting("label", nonempty=True)
+    validation_fraction: float = setting(0.1, low=0.0, high=0.5)
 
-    num_workers: int = 2
-    backend: str = "auto"
-    threads_per_worker: int | None = None
-    pin_cpus: bool = False
-    timeout: float | None = None
-    max_retries: int = 2
+    num_workers: int = setting(2, low=1)
+    backend: str = setting("auto", choices=BACKENDS)
+    threads_per_worker: int | None = setting(None, low=1)
+    pin_cpus: bool = setting(False)
+    timeout: float | None = setting(None, low=0.0, low_open=True)
+    max_retries: int = setting(2, low=0)
 
-    epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.0125
-    momentum: float = 0.9
-    warmup_epochs: float = 5.0
-    lr_schedule: str = "cosine"
-    scale_learning_rate: bool = True
-    max_steps_per_epoch: int | None = None
+    epochs: int = setting(1, low=1)
+    batch_size: int = setting(32, low=1)
+    learning_rate: float = setting(0.0125, low=0.0, low_open=True)
+    momentum: float = setting(0.9, low=0.0, high=1.0)
+    warmup_epochs: float = setting(5.0, low=0.0)
+    lr_schedule: str = setting("cosine", choices=("cosine", "constant"))
+    scale_learning_rate: bool = setting(True)
+    max_steps_per_epoch: int | None = setting(None, low=1)
 
-    augment: bool = True
-    shuffle: bool = True
-    flip: bool = True
-    min_crop_area: float = 0.08
-    eval_crop_fraction: float = 0.875
-    shuffle_buffer: int = 1024
-    reader_threads: int = 2
-    cache_dir: str | None = None
+    augment: bool = setting(True)
+    shuffle: bool = setting(True)
+    flip: bool = setting(True)
+    min_crop_area: float = setting(0.08, low=0.0, high=1.0, low_open=True)
+    eval_crop_fraction: float = setting(0.875, low=0.0, high=1.0, low_open=True)
+    shuffle_buffer: int = setting(1024, low=1)
+    reader_threads: int = setting(2, low=1)
+    cache_dir: str | None = setting(None)
 
-    mixed_precision: str = "auto"
-    fp16_allreduce: bool = False
-    backward_passes_per_step: int = 1
-    cycle_time_ms: float | None = None
-    allreduce_groups: int | None = None
-    fusion_threshold_mb: int | None = None
-    seed: int = 0
-    deterministic: bool = False
+    mixed_precision: str = setting("auto", choices=("auto", "on", "off"))
+    fp16_allreduce: bool = setting(False)
+    backward_passes_per_step: int = setting(1, low=1)
+    cycle_time_ms: float | None = setting(None, low=0.0, low_open=True)
+    allreduce_groups: int | None = setting(None, low=1)
+    fusion_threshold_mb: int | None = setting(None, low=1)
+    seed: int = setting(0)
+    deterministic: bool = setting(False)
 
-    output_dir: str = "runs"
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 3
-
-    def __post_init__(self):
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"TrainConfig.model must be a model name, got {self.model!r}; pass a "
-                             "builder function as train_distributed(model=...) instead")
-        if not isinstance(self.image_size, int) or isinstance(self.image_size, bool) \
-                or self.image_size < 8:
-            raise ValueError(f"TrainConfig.image_size must be an int >= 8, got {self.image_size!r}")
-        if self.classes is not None and (not isinstance(self.classes, int)
-                                         or isinstance(self.classes, bool) or self.classes < 2):
-            raise ValueError(f"TrainConfig.classes must be None or an int >= 2, got {self.classes!r}")
-        _number("validation_fraction", self.validation_fraction, 0.0, 0.5)
-        for name in ("num_workers", "epochs", "batch_size", "shuffle_buffer", "reader_threads",
-                     "keep_checkpoints", "backward_passes_per_step"):
-            _positive_int(name, getattr(self, name))
-        for name in ("threads_per_worker", "max_steps_per_epoch", "fusion_threshold_mb",
-                     "allreduce_groups"):
-            _positive_int(name, getattr(self, name), allow_none=True)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"TrainConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.timeout is not None:
-            _number("timeout", self.timeout, 0.0, low_open=True)
-        if self.cycle_time_ms is not None:
-            _number("cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
-        if not isinstance(self.max_retries, int) or isinstance(self.max_retries, bool) \
-                or self.max_retries < 0:
-            raise ValueError(f"TrainConfig.max_retries must be an int >= 0, got {self.max_retries!r}")
-        _number("learning_rate", self.learning_rate, 0.0, low_open=True)
-        _number("momentum", self.momentum, 0.0, 1.0)
-        _number("warmup_epochs", self.warmup_epochs, 0.0)
-        _number("min_crop_area", self.min_crop_area, 0.0, 1.0, low_open=True)
-        _number("eval_crop_fraction", self.eval_crop_fraction, 0.0, 1.0, low_open=True)
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise ValueError(f"TrainConfig.lr_schedule must be 'cosine' or 'constant', "
-                             f"got {self.lr_schedule!r}")
-        if self.mixed_precision not in ("auto", "on", "off"):
-            raise ValueError(f"TrainConfig.mixed_precision must be 'auto', 'on' or 'off', "
-                             f"got {self.mixed_precision!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"TrainConfig.seed must be an int, got {self.seed!r}")
+    output_dir: str = setting("runs", nonempty=True)
+    checkpoint_dir: str | None = setting(None)
+    keep_checkpoints: int = setting(3, low=1)
 
     def horovod_env(self) -> dict[str, str]:
         """The Horovod settings of this configuration, as worker environment."""
@@ -214,12 +161,3 @@ class TrainConfig:
         if self.fusion_threshold_mb is not None:
             env["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_mb * 1024 * 1024)
         return env
-        for name in ("scale_learning_rate", "augment", "shuffle", "flip", "fp16_allreduce",
-                     "deterministic", "pin_cpus"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TrainConfig.{name} must be true or false, "
-                                 f"got {getattr(self, name)!r}")
-        for name in ("image_col", "label_col", "output_dir"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"TrainConfig.{name} must be a non-empty string, "
-                                 f"got {getattr(self, name)!r}")

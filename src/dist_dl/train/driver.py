@@ -10,13 +10,9 @@ last checkpoint, and returns a :class:`TrainedModel`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
 import os
 import re
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,7 +28,6 @@ _NOT_RETRIED = {"ValueError", "TypeError", "KeyError", "IndexError", "AttributeE
                 "InvalidArgumentError", "UnimplementedError",
                 # The cluster's set-up (dist_dl.launch.worker.check_gloo_host_address).
                 "LoopbackHostname"}
-_DONE = "_dist_dl_materialised.json"
 
 
 class TrainingFailed(RuntimeError):
@@ -228,9 +223,12 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from dist_dl.prepare import classes_of
     from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target
 
-    classes, class_names = _classes(train_url, cfg)
+    classes, class_names = classes_of(train_url, cfg.classes,
+                                      fix="pass classes=<number of classes>, or write the shards "
+                                          "with dist_dl.prepare.prepare_image_dataset")
     plan = _plan(train_url, cfg, classes, "data")
     val_plan = _plan(val_url, cfg, classes, "validation") if val_url else None
     train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
@@ -347,126 +345,12 @@ def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
     if validation is not None and not _is_dataframe(validation):
         raise ValueError("data is a DataFrame but validation is not: pass validation as a "
                          "DataFrame too (or None to hold out validation_fraction of data)")
-    return _materialise(data, validation, cfg, output_dir)
+    from dist_dl.prepare.materialise import materialise_dataframe
 
-
-# Leaves of a plan that hold data in memory: nothing identifies their rows
-# across calls, so such DataFrames are written afresh each time.
-_IN_MEMORY = ("LogicalRDD", "LocalRelation", "ExternalRDD")
-# Above this many input files, names identify them (a new table version has
-# new file names); statting each one on the driver would take minutes.
-_STAT_LIMIT = 10_000
-
-
-def _fingerprint(df, validation, cfg: TrainConfig) -> str | None:
-    """A name for the shards of this data, or None if it has no stable identity.
-
-    Two DataFrames get the same fingerprint when their canonical plans match
-    (Spark's ``semanticHash`` is not stable across re-reads of the same files)
-    and so do their input files (names; sizes and modification times too, up
-    to ``_STAT_LIMIT`` files), and the shard settings.
-    """
-    parts = []
-    for frame in (df, validation):
-        if frame is None:
-            parts.append(None)
-            continue
-        plan = frame._jdf.queryExecution().analyzed().canonicalized().toString()
-        files = sorted(frame.inputFiles())
-        if not files or any(leaf in plan for leaf in _IN_MEMORY):
-            return None
-        if len(files) <= _STAT_LIMIT:
-            files = [_file_identity(path) for path in files]
-        parts.append((plan, frame.schema.json(), files))
-    settings = (cfg.image_col, cfg.label_col, cfg.classes, cfg.seed, cfg.num_workers,
-                cfg.validation_fraction if validation is None else None)
-    return hashlib.sha1(repr((parts, settings)).encode()).hexdigest()[:16]
-
-
-def _file_identity(path: str) -> tuple:
-    local = path[len("file:"):] if path.startswith("file:") else path
-    try:
-        st = os.stat(local)
-    except OSError:
-        return (path,)  # remote storage: the name (new data comes in new files)
-    return (path, st.st_size, st.st_mtime_ns)
-
-
-def _rows_per_row_group(rows: int, workers: int) -> int:
-    # Petastorm hands whole row groups to workers: at least four per worker
-    # keeps shards even; 512 is the ImageNet-scale size.
-    return max(1, min(512, math.ceil(rows / (4 * workers))))
-
-
-def _materialise(df, validation, cfg: TrainConfig, output_dir: str):
-    """Write a DataFrame (and its validation split) as shards, or reuse the
-    shards an earlier call wrote for the same data; see :func:`_fingerprint`."""
-    from dist_dl.prepare import ShardConfig, prepare_image_dataset
-
-    fingerprint = _fingerprint(df, validation, cfg)
-    name = fingerprint or f"unnamed-{uuid.uuid4().hex[:16]}"
-    root = os.path.join(output_dir, "shards", name)
-    done = os.path.join(root, _DONE)
-    train_url, val_url = os.path.join(root, "train"), os.path.join(root, "validation")
-    if os.path.exists(done):
-        with open(done) as f:
-            record = json.load(f)
-        print(f"dist_dl: reusing the shards of this DataFrame at {root}")
-        return train_url, (val_url if record.get("validation") else None), record["rows"], None
-    if fingerprint is None:
-        print(f"dist_dl: the DataFrame holds in-memory data (no input files identify it), so "
-              f"its shards at {root} cannot be reused by a later call", flush=True)
-    if os.path.exists(root):
-        shutil.rmtree(root)  # an earlier materialisation that did not finish
-    if validation is None and cfg.validation_fraction > 0:
-        df, validation = df.randomSplit([1 - cfg.validation_fraction, cfg.validation_fraction],
-                                        seed=cfg.seed)
-    rows = {}
-    for split, frame, url in (("train", df, train_url), ("validation", validation, val_url)):
-        if frame is None:
-            continue
-        count = frame.count()
-        if count == 0:
-            raise ValueError(f"the {split} split has no rows: give more data"
-                             + (" or a larger validation_fraction" if split == "validation" else ""))
-        summary = prepare_image_dataset(
-            url, dataframe=frame, image_col=cfg.image_col, label_col=cfg.label_col,
-            classes=cfg.classes, label_index=train_url if split == "validation" else None,
-            config=ShardConfig(rows_per_row_group=_rows_per_row_group(count, cfg.num_workers),
-                               seed=cfg.seed))
-        rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
-                       "skipped": summary.rows_skipped}
-    tmp = done + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"rows": rows, "validation": validation is not None}, f)
-    os.replace(tmp, done)
-    return (train_url, (val_url if validation is not None else None), rows,
-            None if fingerprint else root)
-
-
-def _classes(train_url: str, cfg: TrainConfig) -> tuple[int, list[str]]:
-    from dist_dl.prepare import load_label_index
-    from dist_dl.read.resolve import resolve_files, to_url
-
-    local = to_url(train_url)
-    local = local[len("file://"):] if local.startswith("file://") else None
-    index = None
-    if local is not None and os.path.isdir(local):
-        try:
-            index = load_label_index(local)
-        except FileNotFoundError:
-            index = None
-    if index is None:
-        if cfg.classes is None:
-            resolve_files(train_url)  # a missing dataset says so first
-            raise ValueError(f"{train_url} has no label index (_labels.json) beside it: pass "
-                             "classes=<number of classes>, or write the shards with "
-                             "dist_dl.prepare.prepare_image_dataset")
-        return cfg.classes, [str(i) for i in range(cfg.classes)]
-    if cfg.classes is not None and cfg.classes != len(index):
-        raise ValueError(f"classes={cfg.classes} but the label index of {train_url} has "
-                         f"{len(index)} labels: drop classes= or make them agree")
-    return len(index), sorted(index, key=index.get)
+    return materialise_dataframe(data, validation, output_dir, image_col=cfg.image_col,
+                                 label_col=cfg.label_col, classes=cfg.classes, seed=cfg.seed,
+                                 num_workers=cfg.num_workers,
+                                 validation_fraction=cfg.validation_fraction)
 
 
 def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
@@ -498,12 +382,14 @@ def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig) -> int:
 
 def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.launch import HorovodRunner, JobTimeout, WorkerError
+    from dist_dl.quiet import quiet_env
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.worker import train_worker
 
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
     runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                           pin_cpus=cfg.pin_cpus, env=cfg.horovod_env(), spark=spark)
+                           pin_cpus=cfg.pin_cpus, env={**quiet_env(), **cfg.horovod_env()},
+                           spark=spark)
     attempt = 0
     while True:
         attempt += 1

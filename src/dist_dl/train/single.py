@@ -87,14 +87,13 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
 
 
 def _classes_of(data) -> int:
-    from dist_dl.prepare import load_label_index
-    from dist_dl.read.resolve import to_url
+    from dist_dl.prepare import classes_of
 
-    url = to_url(data) if isinstance(data, str) else None
-    if url is None or not url.startswith("file://"):
-        raise ValueError("set classes= in the train settings: the number of classes can only "
-                         "be read from a local dataset's label index")
-    return len(load_label_index(url[len("file://"):]))
+    fix = ("set classes= in the train settings: the number of classes can only be read from "
+           "a local dataset's label index")
+    if not isinstance(data, str):
+        raise ValueError(f"data is a list of files: {fix}")
+    return classes_of(data, fix=fix)[0]
 
 
 def _steady(rates: list) -> float | None:

@@ -1,0 +1,50 @@
+"""Optional dependencies: import one where it is needed, or say what to install.
+
+Some steps need a package that not every install has: scikit-learn for the
+bundled sample datasets (the ``samples`` extra), deltalake for Delta tables
+(the ``delta`` extra). A Databricks runtime ships its own set, and a wheel
+installed with ``--no-deps`` has none of its requirements. So such packages
+are imported when a step needs them, through :func:`require`, whose error
+names the pip extra (or requirement) that provides the package.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from types import ModuleType
+
+__all__ = ["require", "PACKAGES"]
+
+# Top-level import name -> (pip requirement, extra of dist_dl that installs
+# it, or None for a requirement of dist_dl itself). Kept in step with setup.py.
+PACKAGES = {
+    "sklearn": ("scikit-learn>=1.3", "samples"),
+    "deltalake": ("deltalake>=1.0", "delta"),
+    "optuna": ("optuna>=3.4", None),
+}
+
+
+def require(module: str, needed_for: str) -> ModuleType:
+    """Import ``module`` (dotted names allowed) and return it.
+
+    Args:
+        module: What to import, e.g. ``"sklearn.datasets"``; its top-level
+            package must be listed in ``PACKAGES``.
+        needed_for: What the caller does with it, for the error
+            (``"the sklearn_digits source"``).
+
+    Raises:
+        ImportError: the package is missing or broken; the message says what
+            needs it and the pip command that installs it.
+    """
+    top = module.partition(".")[0]
+    requirement, extra = PACKAGES[top]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        name = re.split(r"[<>=!~\[; ]", requirement)[0]
+        how = (f"pip install 'dist_dl[{extra}]' (or pip install '{requirement}')" if extra
+               else f"pip install '{requirement}' (a requirement of dist_dl: install dist_dl "
+                    "with its dependencies)")
+        raise ImportError(f"{needed_for} needs {name}, which cannot be imported here ({exc}): "
+                          f"{how}") from exc

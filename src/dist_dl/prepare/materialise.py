@@ -1,0 +1,135 @@
+"""A Spark DataFrame of images as shards, written once per distinct input.
+
+``train_distributed(df)`` needs shards on storage every worker reads. They go
+to ``<output_dir>/shards/<fingerprint>/{train,validation}``, where the
+fingerprint names the DataFrame's data and the shard settings, so a later
+call with the same data reuses them instead of writing them again. Driver
+side (the writing itself runs in Spark tasks, see ``writer.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+
+from dist_dl.locations import file_path
+
+__all__ = ["materialise_dataframe", "fingerprint_dataframes"]
+
+# Marks a complete set of shards (written last, atomically).
+_DONE = "_dist_dl_materialised.json"
+# Leaves of a plan that hold data in memory: nothing identifies their rows
+# across calls, so such DataFrames are written afresh each time.
+_IN_MEMORY = ("LogicalRDD", "LocalRelation", "ExternalRDD")
+# Above this many input files, names identify them (a new table version has
+# new file names); statting each one on the driver would take minutes.
+_STAT_LIMIT = 10_000
+
+
+def fingerprint_dataframes(df, validation, settings: tuple) -> str | None:
+    """A name for the shards of this data, or None if it has no stable identity.
+
+    Two DataFrames get the same fingerprint when their canonical plans match
+    (Spark's ``semanticHash`` is not stable across re-reads of the same files)
+    and so do their input files (names; sizes and modification times too, up
+    to ``_STAT_LIMIT`` files), and the shard ``settings``.
+    """
+    parts = []
+    for frame in (df, validation):
+        if frame is None:
+            parts.append(None)
+            continue
+        plan = frame._jdf.queryExecution().analyzed().canonicalized().toString()
+        files = sorted(frame.inputFiles())
+        if not files or any(leaf in plan for leaf in _IN_MEMORY):
+            return None
+        if len(files) <= _STAT_LIMIT:
+            files = [_file_identity(path) for path in files]
+        parts.append((plan, frame.schema.json(), files))
+    return hashlib.sha1(repr((parts, settings)).encode()).hexdigest()[:16]
+
+
+def _file_identity(path: str) -> tuple:
+    local = file_path(path)
+    if local is not None:
+        try:
+            st = os.stat(local)
+            return (path, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
+    return (path,)  # remote storage: the name (new data comes in new files)
+
+
+def _rows_per_row_group(rows: int, workers: int) -> int:
+    # Petastorm hands whole row groups to workers: at least four per worker
+    # keeps shards even; 512 is the ImageNet-scale size.
+    return max(1, min(512, math.ceil(rows / (4 * workers))))
+
+
+def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, label_col: str,
+                          classes: int | None, seed: int, num_workers: int,
+                          validation_fraction: float):
+    """Write a DataFrame (and its validation split) as shards, or reuse the
+    shards an earlier call wrote for the same data; see
+    :func:`fingerprint_dataframes`.
+
+    Args:
+        df, validation: DataFrames of images and labels; with no
+            ``validation``, ``validation_fraction`` of ``df`` is held out.
+        output_dir: Local folder (every worker's) the shards go under.
+        image_col, label_col, classes, seed: As for
+            :func:`~dist_dl.prepare.prepare_image_dataset`.
+        num_workers: The readers the shards are cut for (row groups).
+
+    Returns:
+        (train shards folder, validation shards folder or None, rows in,
+        written and skipped per split, a folder to delete after use or None:
+        shards of in-memory data that no later call can reuse).
+    """
+    from dist_dl.prepare.config import ShardConfig
+    from dist_dl.prepare.writer import prepare_image_dataset
+
+    fingerprint = fingerprint_dataframes(df, validation, (
+        image_col, label_col, classes, seed, num_workers,
+        validation_fraction if validation is None else None))
+    name = fingerprint or f"unnamed-{uuid.uuid4().hex[:16]}"
+    root = os.path.join(output_dir, "shards", name)
+    done = os.path.join(root, _DONE)
+    train_url, val_url = os.path.join(root, "train"), os.path.join(root, "validation")
+    if os.path.exists(done):
+        with open(done) as f:
+            record = json.load(f)
+        print(f"dist_dl: reusing the shards of this DataFrame at {root}")
+        return train_url, (val_url if record.get("validation") else None), record["rows"], None
+    if fingerprint is None:
+        print(f"dist_dl: the DataFrame holds in-memory data (no input files identify it), so "
+              f"its shards at {root} cannot be reused by a later call", flush=True)
+    if os.path.exists(root):
+        shutil.rmtree(root)  # an earlier materialisation that did not finish
+    if validation is None and validation_fraction > 0:
+        df, validation = df.randomSplit([1 - validation_fraction, validation_fraction],
+                                        seed=seed)
+    rows = {}
+    for split, frame, url in (("train", df, train_url), ("validation", validation, val_url)):
+        if frame is None:
+            continue
+        count = frame.count()
+        if count == 0:
+            raise ValueError(f"the {split} split has no rows: give more data"
+                             + (" or a larger validation_fraction" if split == "validation" else ""))
+        summary = prepare_image_dataset(
+            url, dataframe=frame, image_col=image_col, label_col=label_col,
+            classes=classes, label_index=train_url if split == "validation" else None,
+            config=ShardConfig(rows_per_row_group=_rows_per_row_group(count, num_workers),
+                               seed=seed))
+        rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
+                       "skipped": summary.rows_skipped}
+    tmp = done + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"rows": rows, "validation": validation is not None}, f)
+    os.replace(tmp, done)
+    return (train_url, (val_url if validation is not None else None), rows,
+            None if fingerprint else root)

@@ -1,0 +1,57 @@
+"""The command line prints the library's own lines, not its dependencies' noise."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dist_dl.quiet import QUIET_ENV, quiet_defaults, quiet_env
+
+# TensorFlow's C++ start-up lines (in every process that loads it) and
+# MLflow's artifact download bar: what `make demo` printed before.
+NOISE = ("tensorflow/core", "cpu_feature_guard", "This TensorFlow binary is optimized",
+         "rebuild TensorFlow with the appropriate compiler flags", "Downloading artifacts")
+
+
+def test_quiet_defaults_never_override_the_users_choice():
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    quiet_defaults(environ)
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    assert quiet_env(environ) == environ and quiet_env({"PATH": "/bin"}) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark, tmp_path):
+    import mlflow
+    import tensorflow as tf
+    import yaml
+
+    from dist_dl import pipeline
+    from dist_dl.config import PipelineConfig, load_config
+    from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
+
+    settings = {"data": {"source": "synthetic", "synthetic_rows": 24, "image_size": 16,
+                         "classes": 3, "validation_fraction": 0.25,
+                         "output": str(tmp_path / "shards")},
+                "tracking": {"tracking_uri": (tmp_path / "mlruns").as_uri()},
+                "score": {"output": str(tmp_path / "scored")}}
+    pipeline.prepare_data(load_config(PipelineConfig, None, settings), spark=spark)
+    mlflow.set_tracking_uri(settings["tracking"]["tracking_uri"])  # the fixture restores it
+    spec = ImagePreprocessing(image_size=16)
+    model = tf.keras.Sequential([tf.keras.Input(spec.input_shape),
+                                 tf.keras.layers.GlobalAveragePooling2D(),
+                                 tf.keras.layers.Dense(3)])
+    settings["score"]["model_uri"] = log_keras_classifier(model, spec).model_uri
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump(settings))
+
+    # Without the variables (this test process sets one in conftest.py): the
+    # command must set them itself, for its executors too.
+    env = {k: v for k, v in os.environ.items() if k not in QUIET_ENV}
+    done = subprocess.run([sys.executable, "-m", "dist_dl.cli", "score", "--config", str(config)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr
+    assert "dist_dl score: " in done.stdout and "rows scored with runs:/" in done.stdout
+    noisy = [line for line in done.stderr.splitlines() if any(n in line for n in NOISE)]
+    assert not noisy, "\n".join(noisy)
