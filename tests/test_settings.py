@@ -15,8 +15,8 @@ def _config_classes() -> list[type]:
     ``train_ensemble``)."""
     found = set()
     for info in pkgutil.walk_packages(dist_dl.__path__, "dist_dl."):
-        if info.name.rsplit(".", 1)[-1] == "_worker_main":
-            continue  # a process entry point, not a library module
+        if info.name.rsplit(".", 1)[-1] in ("_worker_main", "__main__"):
+            continue  # process entry points (they run on import), not library modules
         module = importlib.import_module(info.name)
         for value in vars(module).values():
             if (isinstance(value, type) and dataclasses.is_dataclass(value)
