@@ -16,7 +16,7 @@ HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_M
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench wheel clean
+.PHONY: install demo test test-fast bench wheel clean hosts-tools
 
 install: $(STAMP)
 
@@ -33,8 +33,15 @@ $(STAMP): constraints.txt setup.py
 demo: $(STAMP)
 	$(PY) -m dist_dl.cli pipeline --config demo
 
-test: $(STAMP)
+test: $(STAMP) hosts-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The separate-hosts tests (tests/hosts.py) make network and mount
+# namespaces with iproute2's ip and util-linux's unshare/nsenter: installed
+# here when missing and this is root (as CI is); elsewhere the tests skip.
+hosts-tools:
+	@command -v ip >/dev/null && command -v nsenter >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || true
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
