@@ -141,7 +141,8 @@ def test_more_processes_than_slots_fails_fast(spark):
 
 @pytest.mark.timeout(120)
 def test_log_to_driver_only(capsys):
-    assert HorovodRunner(np=-2).run(workers.talk, message="hello") == 0
+    runner = HorovodRunner(np=-2, driver_log_verbosity="log_callback_only")
+    assert runner.run(workers.talk, message="hello") == 0
     out = capsys.readouterr().out
     assert "[0] hello from rank 0" in out and "[1] hello from rank 1" in out
     assert "plain stdout line" not in out

@@ -21,6 +21,7 @@ from typing import Sequence
 import mlflow.pyfunc
 import pandas as pd
 
+from dist_dl import compat
 from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
 
 __all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
@@ -73,9 +74,9 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context) -> None:
-        import tensorflow as tf
+        keras = compat.keras()
 
-        self._model = tf.keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+        self._model = keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
 
     def set_keras_model(self, model) -> None:
         """Use ``model`` directly (in-process use without MLflow loading)."""

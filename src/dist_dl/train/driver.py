@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.locations import local_path
 from dist_dl.train.config import TrainConfig
 
@@ -116,13 +117,13 @@ class TrainedModel:
     def keras_model(self):
         """The trained Keras model (float32, logits out), loaded from the run."""
         import mlflow.artifacts
-        import tensorflow as tf
+        keras = compat.keras()
 
         from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
-        return tf.keras.models.load_model(path, compile=False)
+        return keras.models.load_model(path, compile=False)
 
 
 def train_distributed(data, *, config: TrainConfig | None = None, validation=None,
