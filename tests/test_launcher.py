@@ -294,7 +294,7 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
             sys.modules.pop(name, None)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                      "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_RANK",
-                     "DIST_DL_DEFAULT_CYCLE_TIME"):
+                     "DIST_DL_DEFAULT_CYCLE_TIME", "TF_USE_LEGACY_KERAS"):
             os.environ.pop(name, None)
     monkeypatch.undo()  # sparkdl off sys.path again
     assert not isinstance(select_backend(4), DatabricksBackend)

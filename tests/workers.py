@@ -150,3 +150,10 @@ def progress_bar(steps: int = 3):
     rank = int(os.environ["HOROVOD_RANK"])
     os.write(1, "".join(f"\rstep {i}/{steps} of rank {rank}" for i in range(1, steps + 1))
              .encode() + b"\n")
+
+
+def keras_in_worker():
+    """The worker's TF_USE_LEGACY_KERAS and the package tf.keras comes from."""
+    import tensorflow as tf
+
+    return os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0]
