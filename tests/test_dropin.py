@@ -4,7 +4,6 @@ behaviours hold (output of local workers, LogCallback, log size, busy slots,
 progress bars). Real Horovod workers, real Spark, real Petastorm."""
 from __future__ import annotations
 
-import pickle
 import re
 import threading
 import time
@@ -62,18 +61,41 @@ def test_databricks_petastorm_converter_example_on_spark_tasks(spark, tmp_path):
     assert np.isfinite(val_loss) and val_accuracy > 0.7, (val_loss, val_accuracy)
 
 
-@pytest.mark.timeout(60)
-def test_tensorflow_lazy_modules_pickle_by_name():
-    from tensorflow import keras
+_NOTEBOOK_TOP = """
+import sys, cloudpickle
+from tensorflow import keras          # a notebook's first cell: a lazy module
+from dist_dl import compat
 
-    compat.pickle_tensorflow_lazy_modules_by_name()
-    again = pickle.loads(cloudpickle.dumps(keras))
-    assert again.layers.Dense is keras.layers.Dense
+def get_model():                      # captures it, as the example's functions do
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 
-    def uses_keras():
-        return keras.layers.Dense
+compat.pickle_tensorflow_lazy_modules_by_name()
+sys.stdout.buffer.write(cloudpickle.dumps(get_model))
+"""
 
-    assert cloudpickle.loads(cloudpickle.dumps(uses_keras))() is keras.layers.Dense
+_WORKER = """
+import sys, pickle
+model = pickle.loads(sys.stdin.buffer.read())()
+print(type(model).__module__.split(".")[0])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_tensorflow_lazy_modules_pickle_by_name(tmp_path):
+    """A captured ``from tensorflow import keras`` reaches a worker by name
+    and is that worker's tf.keras (Keras 2 there where Keras 3 is the default)."""
+    import os
+    import subprocess
+    import sys
+
+    shipped = subprocess.run([sys.executable, "-c", _NOTEBOOK_TOP], capture_output=True,
+                             timeout=100, check=True).stdout
+    env = dict(os.environ, **compat.worker_env())
+    worker = subprocess.run([sys.executable, "-c", _WORKER], input=shipped, capture_output=True,
+                            timeout=100, env=env)
+    assert worker.returncode == 0, worker.stderr.decode()[-3000:]
+    expected = "tf_keras" if compat.keras3_default() else "keras"
+    assert worker.stdout.decode().split()[-1] == expected
 
 
 def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
@@ -134,9 +156,10 @@ def test_busy_slots_are_waited_for_with_progress(spark, capsys):
     holder = threading.Thread(target=hold_one_slot, daemon=True)
     holder.start()
     started.wait(10)
-    deadline = time.monotonic() + 30
-    while not sc.statusTracker().getActiveStageIds() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    tracker, deadline = sc.statusTracker(), time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+            getattr(tracker.getStageInfo(s), "numActiveTasks", 0) for s in tracker.getActiveStageIds()):
+        time.sleep(0.2)  # until the holding task runs
     begin = time.monotonic()
     result = HorovodRunner(np=2, spark=spark).run(workers.allreduce_known)
     assert sorted(r for r, _, _ in result) == [0, 1]

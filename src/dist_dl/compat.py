@@ -133,13 +133,27 @@ def patch_horovod_keras() -> None:
 
 
 def _lazy_module(parent: str, name: str):
-    """The lazily loaded module ``parent.name`` (``tensorflow.keras``), as
-    that process's TensorFlow gives it (Keras 2 in a worker on TF 2.16+)."""
+    """The lazily loaded module ``parent.name`` (``tensorflow.keras`` on
+    TensorFlow 2.15), as that process's TensorFlow gives it."""
     return getattr(importlib.import_module(parent), name)
+
+
+def _keras_lazy_loader(parent: str, mode, submodule, name: str):
+    """A new ``KerasLazyLoader`` (TensorFlow 2.16+), which picks its Keras
+    when first used, by this process's ``TF_USE_LEGACY_KERAS``: Keras 2 in a
+    worker, whatever the driver's loader had picked."""
+    from tensorflow.python.util.lazy_loader import KerasLazyLoader
+
+    return KerasLazyLoader(vars(importlib.import_module(parent)), mode=mode, submodule=submodule,
+                           name=name)
 
 
 def _reduce_lazy_module(module):
     attrs = vars(module)  # the loader's own fields; reading them loads nothing
+    if "_tfll_name" in attrs:  # TensorFlow 2.16+'s KerasLazyLoader
+        parent = attrs["_tfll_parent_module_globals"]["__name__"]
+        return _keras_lazy_loader, (parent, attrs["_tfll_mode"], attrs["_tfll_submodule"],
+                                    attrs["_tfll_name"])
     parent = (attrs.get("_parent_module_globals") or {}).get("__name__")
     name = attrs.get("_local_name")
     if parent and name:
