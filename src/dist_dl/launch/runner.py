@@ -51,7 +51,7 @@ class HorovodRunner:
                 f"np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs -np "
                 f"processes on the driver; got {np!r}")
         if driver_log_verbosity is None:
-            driver_log_verbosity = "all" if isinstance(np, int) and np < 0 else "log_callback_only"
+            driver_log_verbosity = "all" if np < 0 else "log_callback_only"
         if driver_log_verbosity not in VERBOSITIES:
             raise ValueError(
                 f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}")

@@ -478,8 +478,11 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.train.worker import train_worker
 
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
+    # Progress comes through log_to_driver; the workers' own output only with
+    # an error (its last lines), on either backend.
     runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                           pin_cpus=cfg.pin_cpus, env=cfg.horovod_env(), spark=spark)
+                           pin_cpus=cfg.pin_cpus, env=cfg.horovod_env(), spark=spark,
+                           driver_log_verbosity="log_callback_only")
     attempt = 0
     while True:
         attempt += 1
