@@ -21,10 +21,14 @@ package). Horovod 0.28.1's Keras integration works only with Keras 2
   TensorFlow lines Horovod was written for.
 
 Nothing here imports TensorFlow until asked for a Keras module.
+
+One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
+``as_shallow_dict`` on its settings classes (``shallow_fields``).
 """
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,7 +37,7 @@ import importlib.util
 import sys
 
 __all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
-           "require_tf_keras", "pickle_tensorflow_lazy_modules_by_name"]
+           "require_tf_keras", "pickle_tensorflow_lazy_modules_by_name", "shallow_fields"]
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 # The TensorFlow distributions whose version names the tf-keras to install.
@@ -173,3 +177,13 @@ def pickle_tensorflow_lazy_modules_by_name() -> None:
     for cls in (getattr(loaders, "LazyLoader", None), getattr(loaders, "KerasLazyLoader", None)):
         if cls is not None and copyreg.dispatch_table.get(cls) is not _reduce_lazy_module:
             copyreg.pickle(cls, _reduce_lazy_module)
+
+
+def shallow_fields(settings) -> dict:
+    """The set top-level fields of a databricks-sdk settings dataclass, as
+    keyword arguments for the matching API call (what newer SDKs'
+    ``as_shallow_dict()`` gives; 0.20 lacks it). Like it, empty lists and
+    maps count as unset (0.20's ``from_dict`` fills them in)."""
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    return {name: value for name, value in values.items()
+            if value is not None and value != [] and value != {}}

@@ -42,6 +42,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from dist_dl import compat
+
 __all__ = ["WHEEL_PLACEHOLDER", "Problem", "JobsError", "JobFileError", "AuthenticationError",
            "RunFailedError", "RunResult", "validate", "load_job", "deploy", "run",
            "add_jobs_command", "main"]
@@ -812,7 +814,7 @@ def deploy(path: str | os.PathLike, wheel: str | os.PathLike | None = None, *,
     job_id = _find_job(w, settings.name)
     if job_id is None:
         with _calling(w, f"create the job {settings.name!r}"):
-            job_id = w.jobs.create(**settings.as_shallow_dict()).job_id
+            job_id = w.jobs.create(**compat.shallow_fields(settings)).job_id
         _print(out, f"created job {job_id} {settings.name!r}: {w.config.host}/jobs/{job_id}")
     else:
         with _calling(w, f"update job {job_id} {settings.name!r}"):

@@ -66,6 +66,9 @@ def default_pip_requirements() -> list[str]:
                 break
             except metadata.PackageNotFoundError:
                 continue
+    if compat.keras3_default():
+        # The model is saved with tf-keras there (see dist_dl.compat).
+        requirements.append(f"tf-keras=={metadata.version('tf-keras')}")
     return requirements
 
 
@@ -170,9 +173,19 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
                           "from_logits": from_logits, "class_names": python_model.class_names})
         run_id = run.info.run_id
     version = getattr(info, "registered_model_version", None)
+    if registered_model_name is not None and version is None:
+        version = _registered_version(registered_model_name, run_id)
     return LoggedModel(model_uri=f"runs:/{run_id}/{artifact_path}", run_id=run_id,
                        registered_model_name=registered_model_name,
                        registered_version=None if version is None else int(version))
+
+
+def _registered_version(name: str, run_id: str) -> int | None:
+    """The newest version of ``name`` registered from ``run_id``: MLflow before
+    2.14 (Databricks Runtime 15.4 has 2.13) does not return it from log_model."""
+    versions = mlflow.tracking.MlflowClient().search_model_versions(f"name='{name}'")
+    mine = [int(v.version) for v in versions if v.run_id == run_id]
+    return max(mine) if mine else None
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ from typing import Sequence
 import mlflow.pyfunc
 import pandas as pd
 
-from dist_dl import compat
 from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
 
 __all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
@@ -74,8 +73,15 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context) -> None:
-        keras = compat.keras()
+        # dist_dl.compat.keras(), in short: this class is pickled by value into
+        # the logged model, which loads where dist_dl is not installed. The
+        # model was saved with tf-keras where Keras 3 is TensorFlow's default.
+        try:
+            import tf_keras as keras
+        except ImportError:
+            import tensorflow as tf
 
+            keras = tf.keras
         self._model = keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
 
     def set_keras_model(self, model) -> None:
