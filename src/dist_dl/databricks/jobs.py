@@ -700,7 +700,10 @@ def _build_wheel(dest: Path) -> Path:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skipped = set(everywhere(folder, names))
-        return skipped | (top_level & set(names) if Path(folder) == _REPO else set())
+        if Path(folder) != _REPO:
+            return skipped
+        # .venv-<profile>: the Makefile's environments of the other profiles.
+        return skipped | {n for n in names if n in top_level or n.startswith(".venv-")}
 
     shutil.copytree(_REPO, source, ignore=ignore)
     out = dest / "wheel"
