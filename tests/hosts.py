@@ -109,6 +109,17 @@ def ready(spark, slots=2, seconds=120):
 """
 
 
+def _software_under_tmp() -> list[str]:
+    """The folders under /tmp that the hosts' processes need: this checkout,
+    the virtual environment, its base Python, PYTHONPATH entries (outermost
+    only)."""
+    roots = {str(Path(__file__).resolve().parents[1]), sys.prefix, sys.base_prefix,
+             str(Path(sys.executable).resolve().parent)}
+    roots |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    under = sorted({os.path.realpath(r) for r in roots if os.path.realpath(r).startswith("/tmp/")})
+    return [r for r in under if not any(r.startswith(o + "/") for o in under if o != r)]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -220,8 +231,17 @@ class HostCluster:
         # hostname and /etc/hosts, and a /tmp no other host sees.
         naming = (f"hostname {host.name} && mount --bind {hosts_file} /etc/hosts && "
                   if self.own_hostnames else "")
-        setup = (f"{naming}mount -t tmpfs -o size=8g,mode=1777 tmpfs /tmp && "
-                 "echo ready && exec sleep infinity")
+        # The software (this checkout, its virtual environment, the Python it
+        # was made from) is on every host, as a runtime image is on cluster
+        # nodes: where it lives under /tmp (a clone in /tmp), it is bound
+        # back into the host's empty /tmp from a view of the real one.
+        orig = self.base / f"orig-tmp-{host.name}"
+        orig.mkdir(parents=True, exist_ok=True)
+        keep = "".join(f"mkdir -p {p} && mount --bind {orig}{p[len('/tmp'):]} {p} && "
+                       for p in _software_under_tmp())
+        setup = (f"{naming}mount --bind /tmp {orig} && "
+                 f"mount -t tmpfs -o size=8g,mode=1777 tmpfs /tmp && {keep}"
+                 f"umount {orig} && echo ready && exec sleep infinity")
         host.holder = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts",
              "--propagation", "private", "--", "sh", "-c", setup],
