@@ -55,7 +55,9 @@ def test_demo_pipeline_on_separate_hosts(hosts):
     shared = hosts.shared / "demo"
     sets = {"data.output": shared / "shards", "train.output_dir": shared / "runs",
             "tracking.tracking_uri": shared / "mlruns", "score.output": shared / "scored",
-            "train.epochs": 3}
+            # Three epochs reach about 0.9, the demo's promotion gate: the gate
+            # is lowered so that this test checks the cluster, not the accuracy.
+            "train.epochs": 3, "evaluate.min_accuracy": 0.5}
     args = ["pipeline", "--config", "demo", "--master", hosts.master_url]
     for key, value in sets.items():
         args += ["--set", f"{key}={value}"]
