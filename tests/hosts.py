@@ -61,12 +61,15 @@ class Host:
     def _enter(self) -> list[str]:
         return ["nsenter", "-t", str(self.holder.pid), "-n", "-m", "-u", "--"]
 
+    def _command(self, argv: list[str], cwd: str) -> list[str]:
+        """``argv`` run on this host in ``cwd`` (created if missing)."""
+        return [*self._enter(), "sh", "-c", 'mkdir -p "$0" && cd "$0" && exec "$@"', cwd, *argv]
+
     def popen(self, argv: list[str], env: dict, log: Path | None = None,
               cwd: str = "/tmp") -> subprocess.Popen:
         """Start ``argv`` on this host (in its own process group)."""
         out = open(log, "ab") if log is not None else subprocess.DEVNULL
-        script = 'mkdir -p "$0" && cd "$0" && exec "$@"'
-        proc = subprocess.Popen([*self._enter(), "sh", "-c", script, cwd, *argv], env=env,
+        proc = subprocess.Popen(self._command(argv, cwd), env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if log is not None:
             out.close()
@@ -77,10 +80,9 @@ class Host:
             input: str | None = None) -> subprocess.CompletedProcess:
         """Run ``argv`` on this host to its end; output captured. On timeout
         its whole process group is killed."""
-        script = 'mkdir -p "$0" && cd "$0" && exec "$@"'
-        proc = subprocess.Popen([*self._enter(), "sh", "-c", script, cwd, *argv], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(self._command(argv, cwd), env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -55,7 +55,11 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
     # stack), and nothing should listen on a public interface locally.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if driver_address(master) == "127.0.0.1":
+    conf = dict(conf or {})
+    # One look-up (it may ask DNS): what the executors are told, unless the
+    # caller's conf names the driver's address itself.
+    routed = driver_address(master)
+    if routed == "127.0.0.1":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     scratch = tempfile.mkdtemp(prefix="dist_dl-spark-")
     builder = (
@@ -68,8 +72,7 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch}")
     )
-    conf = dict(conf or {})
-    host = conf.get("spark.driver.host") or driver_address(master)
+    host = conf.get("spark.driver.host") or routed
     if host is not None:
         # Executors call the driver at spark.driver.host. Bound to that one
         # address, not to every interface: on loopback for a local master.
@@ -154,16 +157,13 @@ def job_group(sc, group: str, description: str):
     from dist_dl.stall import SparkStalled, StallWatch
 
     sc.setJobGroup(group, description, interruptOnCancel=True)
-    watch = None if sc.master.startswith("local") else StallWatch(sc, group, description)
+    watch = StallWatch(sc, group, description)  # idle on local[...] masters
     try:
-        if watch is None:
+        with watch:
             yield group
-        else:
-            with watch:
-                yield group
     except BaseException as exc:
         sc.cancelJobGroup(group)
-        if watch is not None and watch.stalled:
+        if watch.stalled:
             raise SparkStalled(watch.message) from exc
         raise
     finally:

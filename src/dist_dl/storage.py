@@ -56,7 +56,7 @@ def check_shared(spark, outputs: dict[str, str | None], inputs: dict[str, str | 
     sc = spark.sparkContext
     if sc.master.startswith("local"):
         return
-    given = {**{k: v for k, v in (inputs or {}).items()}, **outputs}
+    given = {**(inputs or {}), **outputs}
     tag = uuid.uuid4().hex
     probes: dict[str, str] = {}   # setting -> the path the executor must see
     markers: list[str] = []
