@@ -7,10 +7,28 @@ import pytest
 
 from dist_dl.quiet import QUIET_ENV, quiet_defaults, quiet_env
 
-# TensorFlow's C++ start-up lines (in every process that loads it) and
-# MLflow's artifact download bar: what `make demo` printed before.
+# TensorFlow's C++ start-up lines (in every process that loads it), MLflow's
+# artifact download bar and the Spark driver JVM's start-up lines: what
+# `make demo` printed before.
+SPARK_NOISE = ("Setting default log level", "To adjust logging level use sc.setLogLevel",
+               "NativeCodeLoader", "spark.local.dir will be overridden")
 NOISE = ("tensorflow/core", "cpu_feature_guard", "This TensorFlow binary is optimized",
-         "rebuild TensorFlow with the appropriate compiler flags", "Downloading artifacts")
+         "rebuild TensorFlow with the appropriate compiler flags",
+         "Downloading artifacts") + SPARK_NOISE
+
+# A driver program that starts the embedded session with a deprecated key,
+# whose warning must still show: only the start-up noise goes.
+_START = """
+import sys
+from dist_dl.session import get_spark
+conf = {"spark.yarn.executor.memoryOverhead": "512m"}
+if len(sys.argv) > 1:
+    conf["spark.driver.extraJavaOptions"] = "-Dlog4j2.configurationFile=" + sys.argv[1]
+spark = get_spark("local[1]", conf=conf)
+print(spark.range(5).count())
+print(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions"))
+spark.stop()
+"""
 
 
 def test_quiet_defaults_never_override_the_users_choice():
@@ -18,6 +36,32 @@ def test_quiet_defaults_never_override_the_users_choice():
     quiet_defaults(environ)
     assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     assert quiet_env(environ) == environ and quiet_env({"PATH": "/bin"}) == {}
+
+
+@pytest.mark.timeout(420)
+def test_the_embedded_session_starts_quietly_and_keeps_warnings(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    done = subprocess.run([sys.executable, "-c", _START], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=190)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "5"
+    noisy = [line for line in done.stderr.splitlines() if any(n in line for n in SPARK_NOISE)]
+    assert not noisy, "\n".join(noisy)
+    assert "spark.yarn.executor.memoryOverhead' has been deprecated" in done.stderr, done.stderr
+
+    # The caller's own log4j 2 configuration is used as it is (its layout
+    # shows), start-up lines and all.
+    own = tmp_path / "own-log4j2.properties"
+    own.write_text("rootLogger.level = info\nrootLogger.appenderRef.e.ref = e\n"
+                   "appender.e.type = Console\nappender.e.name = e\n"
+                   "appender.e.target = SYSTEM_ERR\nappender.e.layout.type = PatternLayout\n"
+                   "appender.e.layout.pattern = OWN %p %c{1}: %m%n\n")
+    done = subprocess.run([sys.executable, "-c", _START, str(own)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=190)
+    assert done.returncode == 0, done.stderr
+    options = done.stdout.splitlines()[1]
+    assert options.count("log4j2.configurationFile") == 1 and str(own) in options
+    assert "OWN WARN SparkConf: The configuration key" in done.stderr, done.stderr
 
 
 @pytest.mark.slow

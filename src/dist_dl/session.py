@@ -70,8 +70,13 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
         .config("spark.local.dir", os.path.join(scratch, "local"))
         .config("spark.sql.warehouse.dir", os.path.join(scratch, "warehouse"))
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch}")
     )
+    java_options = [f"-Dderby.system.home={scratch}"]
+    if not _user_log4j2(conf):
+        java_options.append(f"-Dlog4j2.configurationFile={_write_log4j2(scratch)}")
+    # The caller's own driver options come last (and win where they repeat one).
+    java_options.append(conf.pop("spark.driver.extraJavaOptions", ""))
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options).strip())
     host = conf.get("spark.driver.host") or routed
     if host is not None:
         # Executors call the driver at spark.driver.host. Bound to that one
@@ -84,6 +89,53 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+# The driver JVM's logging for an embedded session: Spark's own defaults at
+# WARN (as its shells use), without the start-up lines that bury the
+# commands' output and say nothing to act on: the "Setting default log
+# level" banner (printed when the shell logger's level differs from the
+# root's), Hadoop's missing native library (pure-Java code paths are used),
+# and SparkConf's note on spark.local.dir, which this module sets itself.
+# Every other warning and error is kept.
+_LOG4J2 = r"""
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = warn
+logger.jetty.name = org.sparkproject.jetty.util.component.AbstractLifeCycle
+logger.jetty.level = error
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = error
+logger.conf.name = org.apache.spark.SparkConf
+logger.conf.filter.localdir.type = RegexFilter
+logger.conf.filter.localdir.regex = .*spark\.local\.dir will be overridden.*
+logger.conf.filter.localdir.onMatch = DENY
+logger.conf.filter.localdir.onMismatch = NEUTRAL
+"""
+
+
+def _user_log4j2(conf: dict) -> bool:
+    """Whether the caller configured the driver's log4j 2 already: in the
+    driver's Java options, or with a log4j2.properties in SPARK_CONF_DIR."""
+    if "log4j2.configurationFile" in conf.get("spark.driver.extraJavaOptions", ""):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    return bool(conf_dir) and os.path.exists(os.path.join(conf_dir, "log4j2.properties"))
+
+
+def _write_log4j2(scratch: str) -> str:
+    path = os.path.join(scratch, "log4j2.properties")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(_LOG4J2.lstrip())
+    return path
 
 
 def _master_host(master: str) -> str | None:
