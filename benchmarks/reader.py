@@ -1,15 +1,19 @@
 """Reader throughput: images/s from make_dataset (one rank) against in-memory decoding.
 
 Writes synthetic JPEG shards (typical stored ImageNet size: 256 px, cropped
-to 224), then, in interleaved rounds within one process, times:
+to 224), then, in interleaved rounds within one process, times on the same
+shards:
 
-- reader:   ``make_dataset(url, rank=0, size=1, ...)``, the training pipeline
-            (Petastorm -> shuffle -> decode + random resized crop + flip ->
-            normalise -> batch -> prefetch);
+- petastorm, arrow: ``make_dataset(url, rank=0, size=1, ...)`` with each
+            reader (``ReaderConfig(reader=...)``), the training pipeline
+            (reader -> shuffle -> decode + random resized crop + flip ->
+            normalise -> batch -> prefetch); petastorm is left out where it
+            does not import;
 - baseline: the same JPEG bytes held in memory, through the same transform
             with the same parallelism (``tf.data`` from tensors, map with
             AUTOTUNE, batch, prefetch): what the reader would reach if reading
-            Parquet cost nothing. The goal is reader >= 0.8 x baseline.
+            Parquet cost nothing. The goal is reader >= 0.8 x baseline,
+            for each reader;
 - eager:    a plain Python loop of ``tf.io.decode_jpeg`` over the same bytes
             (one thread, decode only), for scale.
 
@@ -62,11 +66,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import dataclasses
+
     import pyarrow.parquet as pq
     import tensorflow as tf
 
     from dist_dl.prepare import make_synthetic_images
-    from dist_dl.read import ReaderConfig, make_dataset, resolve_files
+    from dist_dl.read import ReaderConfig, choose_reader, make_dataset, resolve_files
     from dist_dl.read.augment import train_transform
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="dist_dl-bench-reader-")
@@ -82,8 +88,12 @@ def main(argv=None):
         jpegs += pq.read_table(f[len("file://"):], columns=["image"])["image"].to_pylist()
     mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1024
 
-    def reader():
-        return iter(make_dataset(url, 0, 1, args.batch_size, training=True, config=config))
+    def reader(name):
+        chosen = dataclasses.replace(config, reader=name)
+        return lambda: iter(make_dataset(url, 0, 1, args.batch_size, training=True,
+                                         config=chosen))
+
+    readers = ["arrow"] if choose_reader("auto") == "arrow" else ["petastorm", "arrow"]
 
     def baseline():
         return iter(tf.data.Dataset.from_tensor_slices(tf.constant(jpegs)).repeat()
@@ -101,13 +111,14 @@ def main(argv=None):
 
     rounds = []
     for r in range(args.rounds):
-        order = [("reader", reader), ("baseline", baseline), ("eager", _Eager)]
-        if r % 2:
-            order = order[1::-1] + order[2:]  # alternate which pipeline goes first
+        order = [(name, reader(name)) for name in readers] + [("baseline", baseline)]
+        # Rotate which pipeline goes first, so none always runs on a cold or warm machine.
+        order = order[r % len(order):] + order[:r % len(order)] + [("eager", _Eager)]
         row = {}
         for name, it in order:
             row[name], row[name + "_cpu"] = _rate(it, args.warmup, args.batches, args.batch_size)
-        row["ratio"] = row["reader"] / row["baseline"]
+        for name in readers:
+            row[name + "_ratio"] = row[name] / row["baseline"]
         rounds.append(row)
         print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
 
@@ -119,14 +130,18 @@ def main(argv=None):
         "mean_jpeg_kb": round(mean_kb, 1), "batch_size": args.batch_size,
         "images_per_window": args.batches * args.batch_size, "rounds": args.rounds,
         "write_s": round(write_s, 1), "cores": os.cpu_count(),
-        "reader_img_s": round(med("reader"), 1), "baseline_img_s": round(med("baseline"), 1),
+        "baseline_img_s": round(med("baseline"), 1),
         "eager_decode_img_s": round(med("eager"), 1),
-        "ratio_median": round(med("ratio"), 3),
-        "ratio_min": round(min(r["ratio"] for r in rounds), 3),
-        "ratio_max": round(max(r["ratio"] for r in rounds), 3),
-        "reader_cpu_per_s": round(med("reader_cpu"), 2),
         "baseline_cpu_per_s": round(med("baseline_cpu"), 2),
     }
+    for name in readers:
+        summary.update({
+            f"{name}_img_s": round(med(name), 1),
+            f"{name}_ratio_median": round(med(name + "_ratio"), 3),
+            f"{name}_ratio_min": round(min(r[name + "_ratio"] for r in rounds), 3),
+            f"{name}_ratio_max": round(max(r[name + "_ratio"] for r in rounds), 3),
+            f"{name}_cpu_per_s": round(med(name + "_cpu"), 2),
+        })
     print(json.dumps(summary, indent=1))
     return summary
 

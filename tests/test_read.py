@@ -1,9 +1,14 @@
-"""Reading shards by rank: round trip, interoperability, uneven shards, errors."""
+"""Reading shards by rank: round trip, interoperability, uneven shards, errors;
+each reading test with both readers (Petastorm and arrow)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,9 +24,16 @@ from dist_dl.read import ReaderConfig, make_dataset, plan_shards, resolve_files,
 SMALL = ReaderConfig(image_size=16, shuffle_buffer=8)
 
 
-def _epoch(url, rank, size, batch, **kwargs):
-    """Every batch of one epoch on one rank, as numpy."""
-    ds = make_dataset(url, rank, size, batch, num_epochs=1, config=SMALL, with_weights=True,
+@pytest.fixture(params=["petastorm", "arrow"])
+def reader(request):
+    """Each reading test runs with both readers."""
+    return request.param
+
+
+def _epoch(url, rank, size, batch, reader, num_epochs=1, config=SMALL, **kwargs):
+    """Every batch of ``num_epochs`` epochs on one rank, as numpy."""
+    ds = make_dataset(url, rank, size, batch, num_epochs=num_epochs,
+                      config=dataclasses.replace(config, reader=reader), with_weights=True,
                       include_source_id=True, **kwargs)
     return [(x["image"].numpy(), x["source_id"].numpy(), y.numpy(), w.numpy())
             for x, y, w in ds]
@@ -55,12 +67,12 @@ def tree_shards(tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("training", [True, False])
-def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, training):
+def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, training, reader):
     url, written = tree_shards
     index = load_label_index(url)
     size, batch = 2, 3
     steps = steps_per_epoch(url, size, batch)
-    batches = [_epoch(url, rank, size, batch, training=training) for rank in range(size)]
+    batches = [_epoch(url, rank, size, batch, reader, training=training) for rank in range(size)]
     assert [len(b) for b in batches] == [steps, steps]
     labels = _seen_once(batches[0] + batches[1])
     assert labels == {sid: index[wnid] for sid, wnid in written.items()}
@@ -70,10 +82,11 @@ def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, train
 
 
 @pytest.mark.timeout(600)
-def test_evaluation_order_is_repeatable(tree_shards):
+def test_evaluation_order_is_repeatable(tree_shards, reader):
     url, _ = tree_shards
-    first = [ids.tolist() for _, ids, _, _ in _epoch(url, 0, 2, 3, training=False)]
-    assert first == [ids.tolist() for _, ids, _, _ in _epoch(url, 0, 2, 3, training=False)]
+    first = [ids.tolist() for _, ids, _, _ in _epoch(url, 0, 2, 3, reader, training=False)]
+    assert first == [ids.tolist() for _, ids, _, _ in _epoch(url, 0, 2, 3, reader,
+                                                             training=False)]
 
 
 @pytest.mark.timeout(600)
@@ -95,7 +108,7 @@ def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
     assert sorted(ids) == sorted(written)
 
 
-def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path):
+def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path, reader):
     from deltalake import DeltaTable
 
     table = str(tmp_path / "table")
@@ -107,19 +120,19 @@ def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path
     assert dt.version() == 1
     assert sum(dt.get_add_actions(flatten=True)["num_records"].to_pylist()) == 10
     assert len(resolve_files(table)) == 5 and len(resolve_files(table, version=0)) == 3
-    old = _seen_once(_epoch(table, 0, 1, 2, version=0, training=False))
+    old = _seen_once(_epoch(table, 0, 1, 2, reader, version=0, training=False))
     assert sorted(old) == [f"synthetic-1-{i}" for i in range(6)]
-    new = _seen_once(_epoch(table, 0, 1, 2, training=False))
+    new = _seen_once(_epoch(table, 0, 1, 2, reader, training=False))
     assert len(new) == 10
     # An overwrite makes a new version; the old one stays readable.
     make_synthetic_images(table, rows=2, image_size=16, classes=2, format="delta",
                           mode="overwrite", seed=3)
-    assert len(_seen_once(_epoch(table, 0, 1, 2, training=False))) == 2
-    assert len(_seen_once(_epoch(table, 0, 1, 2, version=1, training=False))) == 10
+    assert len(_seen_once(_epoch(table, 0, 1, 2, reader, training=False))) == 2
+    assert len(_seen_once(_epoch(table, 0, 1, 2, reader, version=1, training=False))) == 10
 
 
 @pytest.mark.timeout(600)
-def test_delta_through_spark_reads_back(spark, tmp_path):
+def test_delta_through_spark_reads_back(spark, tmp_path, reader):
     from deltalake import DeltaTable
 
     write_imagenet_tree(str(tmp_path / "train"), per_class=2, variety=False)
@@ -127,8 +140,8 @@ def test_delta_through_spark_reads_back(spark, tmp_path):
                                     format="delta", config=ShardConfig(rows_per_row_group=2),
                                     spark=spark)
     assert summary.delta_version == 0 and DeltaTable(str(tmp_path / "table")).version() == 0
-    assert len(_seen_once(_epoch(str(tmp_path / "table"), 0, 2, 1)
-                          + _epoch(str(tmp_path / "table"), 1, 2, 1))) == 6
+    assert len(_seen_once(_epoch(str(tmp_path / "table"), 0, 2, 1, reader)
+                          + _epoch(str(tmp_path / "table"), 1, 2, 1, reader))) == 6
 
 
 def _handmade(path, sizes):
@@ -145,27 +158,28 @@ def _handmade(path, sizes):
 
 
 @pytest.mark.timeout(300)
-def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path):
+def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path, reader):
     url = _handmade(tmp_path / "uneven", [10, 3, 0])
     plan = plan_shards(url, 2, 4)
     assert plan.rows_per_rank == (10, 3) and plan.steps_per_epoch == 3
-    batches = [_epoch(url, rank, 2, 4) for rank in range(2)]
+    batches = [_epoch(url, rank, 2, 4, reader) for rank in range(2)]
     assert [len(b) for b in batches] == [3, 3]
     assert len(_seen_once(batches[0] + batches[1])) == 13
     assert sum(w.sum() for *_, w in batches[1]) == 3  # 3 real rows, 9 repeated with weight 0
     # policy "drop": floor(3 / 2) = 1 batch each, no repeats.
     drop = steps_per_epoch(url, 2, 2, policy="drop")
     assert drop == 1
-    assert [len(_epoch(url, r, 2, 2, steps_per_epoch=drop)) for r in range(2)] == [1, 1]
+    assert [len(_epoch(url, r, 2, 2, reader, steps_per_epoch=drop)) for r in range(2)] == [1, 1]
     with pytest.raises(ValueError, match="policy='drop' with batch_size=4 gives 0 steps"):
         steps_per_epoch(url, 2, 4, policy="drop")
 
 
 @pytest.mark.timeout(300)
-def test_cache_serves_later_epochs_from_local_disk(tmp_path):
+def test_cache_serves_later_epochs_from_local_disk(tmp_path, reader):
     url = str(tmp_path / "syn")
     make_synthetic_images(url, rows=6, image_size=16, classes=2, rows_per_row_group=3)
-    ds = make_dataset(url, 0, 2, 3, num_epochs=2, config=SMALL, training=False,
+    ds = make_dataset(url, 0, 2, 3, num_epochs=2, config=dataclasses.replace(SMALL, reader=reader),
+                      training=False,
                       cache_dir=str(tmp_path / "cache"), include_source_id=True)
     it = iter(ds)
     first = next(it)[0]["source_id"].numpy().tolist()
@@ -204,3 +218,105 @@ def test_driver_side_errors_name_the_problem_and_the_fix(tmp_path):
         make_dataset(url, 2, 2, 1)
     with pytest.raises(ValueError, match="image_size"):
         ReaderConfig(image_size=0)
+
+
+@pytest.mark.timeout(600)
+def test_both_readers_give_each_rank_the_same_rows_and_steps_every_epoch(tree_shards):
+    url, written = tree_shards
+    size, batch, epochs = 2, 3, 2
+    steps = steps_per_epoch(url, size, batch)
+    # A one-row shuffle buffer: rows stay in their epoch (a larger buffer
+    # mixes the next epoch's first rows into this one's last batches).
+    unmixed = dataclasses.replace(SMALL, shuffle_buffer=1)
+    rows = {}
+    for reader in ("petastorm", "arrow"):
+        for rank in range(size):
+            batches = _epoch(url, rank, size, batch, reader, num_epochs=epochs, config=unmixed,
+                             seed=rank)
+            assert len(batches) == steps * epochs, (reader, rank)
+            rows[reader, rank] = [_seen_once(batches[e * steps:(e + 1) * steps])
+                                  for e in range(epochs)]
+    for rank in range(size):
+        petastorm, arrow = rows["petastorm", rank], rows["arrow", rank]
+        assert petastorm == arrow and petastorm[0] == petastorm[1], rank
+    assert sorted(rows["arrow", 0][0] | rows["arrow", 1][0]) == sorted(written)
+
+
+def test_arrow_row_group_order_is_seeded_per_epoch(tree_shards):
+    import numpy as np
+
+    from dist_dl.read.arrow import ArrowShard
+
+    url, _ = tree_shards
+    shard = ArrowShard(resolve_files(url), 0, 2, threads=2)
+
+    def order(seed, epoch):
+        one_pass = shard.passes(np.random.default_rng([seed, epoch]))
+        return [ids.tolist() for _, _, ids in one_pass()]
+
+    plan_order = [ids.tolist() for _, _, ids in shard.passes(None)()]
+    assert order(7, 0) == order(7, 0)  # threads read ahead, the order stays the seed's
+    assert order(7, 0) != order(7, 1)
+    assert sorted(map(tuple, order(7, 0))) == sorted(map(tuple, plan_order))
+
+
+# Put first on a child's PYTHONPATH, this makes Petastorm unimportable in it
+# and in every process it starts (the training workers too), as on Databricks
+# 16.4 and 17.3 LTS ML.
+_NO_PETASTORM = '''
+import sys
+
+
+class _NoPetastorm:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "petastorm":
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by a test)",
+                                      name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoPetastorm())
+'''
+
+_AUTO_CHILD = '''
+import sys
+
+from dist_dl import train_distributed
+from dist_dl.read import choose_reader
+
+url, store, out = sys.argv[1:]
+try:
+    import petastorm  # noqa: F401
+    raise SystemExit("petastorm imported although blocked")
+except ModuleNotFoundError:
+    pass
+assert choose_reader("auto") == "arrow"
+try:
+    train_distributed(url, reader="petastorm", num_workers=2, backend="local",
+                      tracking_uri=store, output_dir=out)
+    raise SystemExit("reader='petastorm' ran without Petastorm")
+except ImportError as exc:
+    print("PETASTORM ERROR:", exc, flush=True)
+trained = train_distributed(url, model="small_cnn", epochs=2, num_workers=2, batch_size=4,
+                            image_size=16, validation_fraction=0.0, warmup_epochs=0,
+                            backend="local", tracking_uri=store, output_dir=out)
+print("TRAINED", len(trained.history["loss"]), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_without_petastorm_auto_reads_with_arrow_and_training_completes(tmp_path):
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(_NO_PETASTORM)
+    url = str(tmp_path / "shards")
+    make_synthetic_images(url, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(block)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_AUTO_CHILD), url, (tmp_path / "mlruns").as_uri(),
+         str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "pip install 'petastorm==0.13.1'" in done.stdout and "reader='arrow'" in done.stdout
+    assert "TRAINED 2" in done.stdout

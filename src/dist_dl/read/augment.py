@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from dist_dl.settings import checked, setting
 
-__all__ = ["ReaderConfig", "train_transform", "eval_transform"]
+__all__ = ["ReaderConfig", "train_transform", "eval_transform", "READERS"]
+
+READERS = ("auto", "petastorm", "arrow")
 
 
 def _numbers(values: tuple, count: int) -> bool:
@@ -39,7 +41,14 @@ class ReaderConfig:
         std: Per-channel standard deviation divided by.
         shuffle_buffer: Rows in the training shuffle buffer (encoded bytes,
             so a few KB to 100 KB each). Default 1024.
-        reader_threads: Petastorm reader threads (Parquet reads). Default 2.
+        reader_threads: Threads reading Parquet row groups (Petastorm's
+            pool, or the arrow reader's). Default 2.
+        reader: Which reader turns row groups into rows: ``"petastorm"``
+            (Petastorm's batch reader), ``"arrow"`` (pyarrow's
+            ``ParquetFile.read_row_group``, for runtimes without Petastorm) or
+            ``"auto"`` (default: Petastorm where it imports, else arrow). Both
+            give each rank the same rows and steps (see
+            :func:`~dist_dl.read.make_dataset`).
     """
 
     image_size: int = setting(224, low=8)
@@ -55,7 +64,7 @@ class ReaderConfig:
                          expected="3 numbers > 0 (RGB)")
     shuffle_buffer: int = setting(1024, low=1)
     reader_threads: int = setting(2, low=1)
-
+    reader: str = setting("auto", choices=READERS)
 
 
 def _normalise(image, config: ReaderConfig):

@@ -1,16 +1,17 @@
 """``make_dataset``: one rank's shard as a ``tf.data`` pipeline (worker side)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
 import warnings
 
-from dist_dl.read.augment import ReaderConfig, eval_transform, train_transform
+from dist_dl.read.augment import READERS, ReaderConfig, eval_transform, train_transform
 from dist_dl.read.plan import plan_shards
 from dist_dl.read.resolve import resolve_files
 
-__all__ = ["make_dataset"]
+__all__ = ["make_dataset", "choose_reader"]
 
 # Petastorm 0.13 uses pyarrow's legacy ParquetDataset API, which pyarrow 10
 # flags with a FutureWarning per row group read, from the reader's own
@@ -32,15 +33,19 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
                  shuffle: bool | None = None):
     """Batches of shard ``rank`` of ``size``, decoded and augmented.
 
-    Rows come from Petastorm's batch reader (the ``Reader`` that
-    ``make_batch_reader`` builds, with ``cur_shard=rank, shard_count=size``:
-    whole row groups per rank, row group ``i`` to rank ``i % size``; see
-    ``_batch_reader`` for why it is built here). Each rank yields exactly
+    Each rank reads whole row groups, row group ``i`` (numbered as
+    :func:`~dist_dl.read.plan.row_groups` does) going to rank ``i % size``,
+    with the reader ``config.reader`` names (see :func:`choose_reader`):
+    Petastorm's batch reader (the ``Reader`` that ``make_batch_reader``
+    builds, with ``cur_shard=rank, shard_count=size``; see ``_batch_reader``
+    for why it is built here), or the arrow reader
+    (:class:`~dist_dl.read.arrow.ArrowShard`, pyarrow alone). Both give a
+    rank the same rows every epoch. Each rank yields exactly
     ``steps_per_epoch`` batches of ``batch_size`` per epoch, whatever the
     shard sizes (see :func:`~dist_dl.read.plan_shards` for the rule), so
     synchronous training never waits on a rank that ran out of data.
 
-    Pipeline: Petastorm rows (row groups shuffled in training) -> shuffle
+    Pipeline: the reader's rows (row groups shuffled in training) -> shuffle
     buffer (training) -> decode + transform in parallel
     (``num_parallel_calls=AUTOTUNE``) -> batch -> prefetch.
 
@@ -60,7 +65,9 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         num_epochs: Epochs to yield; None repeats forever (use Keras'
             ``steps_per_epoch``).
         version: Delta table version (default latest).
-        seed: Seed of the shuffle buffer (row-group order is not seeded).
+        seed: Seed of the shuffle buffer; with the arrow reader also of the
+            row-group order (drawn afresh each epoch, from ``(seed, epoch)``).
+            Petastorm's row-group order is not seeded.
         cache_dir: If set, the rows of this rank's first epoch (encoded
             bytes, before augmentation) are cached in a file under this local
             folder and later epochs read them from there instead of from
@@ -72,8 +79,13 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         include_source_id: Make the features a dict ``{"image": ...,
             "source_id": ...}`` instead of the image tensor.
         shuffle: Shuffle row groups and rows (default: ``training``). With
-            ``shuffle=False`` and ``config.reader_threads=1`` rows come in
-            the same order every time (Petastorm's row-group order).
+            ``shuffle=False`` rows come in the same order every time (the
+            plan's row-group order) with the arrow reader, and with
+            Petastorm when ``config.reader_threads=1``.
+
+    Raises:
+        ImportError: ``config.reader="petastorm"`` where Petastorm does not
+            import.
 
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` or, with
@@ -101,10 +113,25 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
     target = steps_per_epoch * batch_size
     epochs = itertools.count()
     shuffle = training if shuffle is None else bool(shuffle)
+    if choose_reader(config.reader) == "arrow":
+        import numpy as np
+
+        from dist_dl.read.arrow import ArrowShard
+
+        shard = ArrowShard(files, rank, size, config.reader_threads)
+
+        def passes(epoch):
+            # One generator per epoch, seeded by (seed, epoch): a new
+            # row-group order every epoch, the same one in a rerun.
+            entropy = None if seed is None else [seed % 2**32, epoch]
+            return shard.passes(np.random.default_rng(entropy) if shuffle else None)
+    else:
+        def passes(epoch):
+            return lambda: _petastorm_pass(files, rank, size, shuffle, config.reader_threads)
 
     def one_epoch():
-        yield from _epoch_rows(files, rank, size, target, shuffle=shuffle,
-                               threads=config.reader_threads, epoch=next(epochs))
+        epoch = next(epochs)
+        yield from _epoch_rows(passes(epoch), rank, size, target, epoch=epoch)
 
     spec = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.string))
@@ -132,30 +159,60 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
     return ds
 
 
-def _epoch_rows(files, rank, size, target, shuffle, threads, epoch):
+def choose_reader(reader: str = "auto") -> str:
+    """The reader ``reader`` names here: ``"petastorm"`` or ``"arrow"``.
+
+    ``"auto"`` is Petastorm where it imports, else arrow.
+
+    Raises:
+        ImportError: ``"petastorm"`` where Petastorm does not import; the
+            message names both ways out.
+        ValueError: an unknown name.
+    """
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    if reader == "arrow":
+        return reader
+    try:
+        import petastorm.reader  # noqa: F401
+    except Exception as exc:  # Petastorm 0.13.1 on pyarrow 16+ fails as it imports.
+        if reader == "auto":
+            return "arrow"
+        raise ImportError(
+            f"reader='petastorm' needs Petastorm, which does not import here "
+            f"({type(exc).__name__}: {exc}): pip install 'petastorm==0.13.1' (it needs "
+            "pyarrow<16), or set reader='arrow' (or 'auto', which uses it where Petastorm "
+            "is missing)") from exc
+    return "petastorm"
+
+
+def _epoch_rows(passes, rank, size, target, epoch):
     """Chunks (images, labels, weights, source_ids) of exactly ``target`` rows.
 
-    First pass: this rank's row groups, in random order if ``shuffle``,
-    weight 1, cut off at ``target``. Further passes (only while short of
-    ``target``): the same row groups again, weight 0.
+    ``passes()`` starts a pass over this rank's row groups (in random order
+    if shuffling), yielding ``(images, labels, source_ids)`` chunks. First
+    pass: weight 1, cut off at ``target``. Further passes (only while short
+    of ``target``): the same row groups again, weight 0.
     """
     import numpy as np
 
     emitted = 0
     for attempt in itertools.count():
         seen = 0
-        reader = _batch_reader(files, rank, size, shuffle, threads)
-        with reader:
-            for batch in reader:
-                n = len(batch.label)
+        # closing(): a pass left early stops its reader now, not when collected.
+        with contextlib.closing(passes()) as chunks:
+            for images, labels, source_ids in chunks:
+                n = len(labels)
+                if n == 0:
+                    continue  # an empty row group (the arrow reader yields those too)
                 seen += n
                 take = min(n, target - emitted)
                 if take <= 0:
                     break
                 weight = 1.0 if attempt == 0 else 0.0
-                yield (batch.image[:take], batch.label[:take].astype(np.int32),
+                yield (images[:take], labels[:take].astype(np.int32),
                        np.full(take, weight, np.float32),
-                       np.asarray(batch.source_id[:take], dtype=object))
+                       np.asarray(source_ids[:take], dtype=object))
                 emitted += take
                 if emitted >= target:
                     break
@@ -164,6 +221,12 @@ def _epoch_rows(files, rank, size, target, shuffle, threads, epoch):
         if seen == 0:
             raise RuntimeError(f"rank {rank} of {size} read no rows from its shard (epoch "
                                f"{epoch}); run plan_shards() on the driver to see the split")
+
+
+def _petastorm_pass(files, rank, size, shuffle, threads):
+    with _batch_reader(files, rank, size, shuffle, threads) as reader:
+        for batch in reader:
+            yield batch.image, batch.label, batch.source_id
 
 
 def _batch_reader(files, rank, size, shuffle, threads):

@@ -1,19 +1,19 @@
 """How rows split across ranks, from Parquet metadata alone (any process).
 
-Petastorm gives row group ``i`` (in its own enumeration order) to rank
-``i % size``. Every rank can compute every rank's row count from the Parquet
+Row group ``i`` (see :func:`row_groups` for the numbering) goes to rank
+``i % size``, with either reader (Petastorm's rule, kept by the arrow
+reader). Every rank can compute every rank's row count from the Parquet
 footers without talking to the others, so all ranks agree on the number of
 steps per epoch; the driver computes the same figure before launching.
 """
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
-from dist_dl.read.resolve import resolve_files
+from dist_dl.read.resolve import parquet_file, resolve_files
 
-__all__ = ["ShardPlan", "plan_shards", "steps_per_epoch"]
+__all__ = ["ShardPlan", "plan_shards", "steps_per_epoch", "row_groups", "rank_row_groups"]
 
 POLICIES = ("pad", "drop")
 
@@ -43,29 +43,35 @@ class ShardPlan:
     policy: str
 
 
-def _row_groups(files):
-    """(path, row_group, rows) in the order Petastorm enumerates them."""
-    import pyarrow.parquet as pq
-    from petastorm.etl.dataset_metadata import load_row_groups
-    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+def row_groups(files):
+    """Every row group of ``files``, in the order both readers number them.
 
-    fs, paths = get_filesystem_and_path_or_paths(list(files))
-    with warnings.catch_warnings():
-        # pyarrow 10 flags the legacy ParquetDataset API that Petastorm 0.13 uses.
-        warnings.simplefilter("ignore", FutureWarning)
-        # The same call Petastorm's Reader makes, so the order is its order.
-        dataset = pq.ParquetDataset(paths, filesystem=fs, validate_schema=False,
-                                    metadata_nthreads=10)
-        pieces = load_row_groups(dataset)
-    footers = {}
-    out = []
-    for piece in pieces:
-        if piece.path not in footers:
-            with fs.open(piece.path) as f:
-                footers[piece.path] = pq.ParquetFile(f).metadata
-        out.append((piece.path, piece.row_group, footers[piece.path].row_group(
-            piece.row_group).num_rows))
-    return out, footers
+    Files in the given order (:func:`~dist_dl.read.resolve_files` sorts
+    them), each file's row groups in file order: the order Petastorm
+    enumerates the row groups of a list of files, read here from the footers
+    with pyarrow alone, so it holds where Petastorm is not installed.
+
+    Returns:
+        ``(groups, footers)``: ``groups`` a list of ``(file, row_group,
+        rows)``; ``footers`` each file's ``FileMetaData``, by file.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = list(files)
+    # Footers are small reads; on remote storage their latency adds up.
+    with ThreadPoolExecutor(min(8, max(1, len(files)))) as pool:
+        metas = list(pool.map(lambda url: parquet_file(url).metadata, files))
+    footers = dict(zip(files, metas))
+    groups = [(url, i, meta.row_group(i).num_rows)
+              for url, meta in zip(files, metas) for i in range(meta.num_row_groups)]
+    return groups, footers
+
+
+def rank_row_groups(groups: list, rank: int, size: int) -> list:
+    """The row groups rank ``rank`` of ``size`` reads: row group ``i`` goes to
+    rank ``i % size`` (Petastorm's ``cur_shard``/``shard_count`` rule), the
+    one place the assignment is written down."""
+    return groups[rank::size]
 
 
 def _check_columns(footers, files) -> None:
@@ -90,14 +96,10 @@ def _check_columns(footers, files) -> None:
 
 def _check_labels(files, classes: int) -> None:
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    from petastorm.fs_utils import get_filesystem_and_path_or_paths
 
-    fs, paths = get_filesystem_and_path_or_paths(list(files))
     outside, low, high = 0, None, None
-    for path in paths:
-        with fs.open(path) as f:
-            labels = pq.read_table(f, columns=["label"])["label"]
+    for url in files:
+        labels = parquet_file(url).read(columns=["label"])["label"]
         if len(labels) == 0:
             continue
         bad = pc.or_(pc.less(labels, 0), pc.greater_equal(labels, classes))
@@ -154,20 +156,18 @@ def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     files = list(url) if isinstance(url, (list, tuple)) else resolve_files(url, version)
-    groups, footers = _row_groups(files)
+    groups, footers = row_groups(files)
     _check_columns(footers, files)
     rows = sum(n for _, _, n in groups)
     if rows == 0:
         raise ValueError(f"the dataset {url} has no rows: write some data first")
     if len(groups) < size:
         raise ValueError(
-            f"the dataset has {len(groups)} row groups but there are {size} workers: Petastorm "
-            f"gives whole row groups to workers, so each needs at least one. Rewrite it with "
-            f"ShardConfig(rows_per_row_group<={max(1, rows // size)}), or use at most "
+            f"the dataset has {len(groups)} row groups but there are {size} workers: the "
+            f"readers give whole row groups to workers, so each needs at least one. Rewrite it "
+            f"with ShardConfig(rows_per_row_group<={max(1, rows // size)}), or use at most "
             f"{len(groups)} workers")
-    per_rank = [0] * size
-    for i, (_, _, n) in enumerate(groups):
-        per_rank[i % size] += n
+    per_rank = [sum(n for _, _, n in rank_row_groups(groups, r, size)) for r in range(size)]
     empty = [r for r, n in enumerate(per_rank) if n == 0]
     if empty:
         raise ValueError(f"ranks {empty} would get only empty row groups ({len(groups)} row "

@@ -1,16 +1,18 @@
-"""Dataset locations to the exact Parquet file URLs Petastorm should read."""
+"""Dataset locations to the exact Parquet file URLs the readers read, and
+opening one of them with pyarrow (no Petastorm needed)."""
 from __future__ import annotations
 
+import functools
 import os
 
 from dist_dl.locations import file_path, file_url, is_remote, local_path
 from dist_dl.optional import require
 
-__all__ = ["resolve_files", "to_url"]
+__all__ = ["resolve_files", "to_url", "parquet_file"]
 
 
 def to_url(location: str) -> str:
-    """A URL Petastorm accepts for ``location``.
+    """A URL both readers accept for ``location``.
 
     Petastorm resolves a bare path against no filesystem and fails later with
     an unhelpful error, so local paths become ``file://`` URLs here (the path
@@ -31,6 +33,10 @@ def to_url(location: str) -> str:
 def resolve_files(url: str, version: int | None = None) -> list[str]:
     """The Parquet files of a dataset, as a sorted list of URLs.
 
+    Both readers and :func:`~dist_dl.read.plan_shards` get this list, so they
+    agree on the order of files (and so of row groups): a folder's files are
+    listed here, also on remote storage, and never by a reader.
+
     Args:
         url: A folder of Parquet files (as written by
             :func:`~dist_dl.prepare.prepare_image_dataset`), a Delta table, or
@@ -48,7 +54,7 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
     if local is None:
         if version is not None:
             raise ValueError("version= is supported for local (and /dbfs) Delta tables only")
-        return [url]  # remote folder: Petastorm lists it
+        return _list_remote(url)
     if os.path.isdir(os.path.join(local, "_delta_log")):
         table = require("deltalake", "reading a Delta table").DeltaTable(local)
         if version is not None:
@@ -71,8 +77,60 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(local):
         # Spark, pyarrow and Petastorm all ignore names starting with _ or .
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
-        files += [os.path.join(dirpath, n) for n in filenames
-                  if n.endswith(".parquet") and not n.startswith(("_", "."))]
+        files += [os.path.join(dirpath, n) for n in filenames if _parquet_name(n)]
     if not files:
         raise ValueError(f"no Parquet files in {local}: is it the dataset's folder?")
     return [file_url(f) for f in sorted(files)]
+
+
+def _parquet_name(relative: str) -> bool:
+    # Spark, pyarrow and Petastorm all ignore names starting with _ or .
+    parts = relative.split("/")
+    return parts[-1].endswith(".parquet") and not any(p.startswith(("_", ".")) for p in parts)
+
+
+def _list_remote(url: str) -> list[str]:
+    """The Parquet files under a remote folder URL (or the URL itself if it
+    is a file), sorted, with pyarrow's file systems (``s3://``, ``gs://``,
+    ``hdfs://``, ... as far as this pyarrow build supports them)."""
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(url)
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [url]
+    if info.type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"dataset {url!r} does not exist")
+    # The URL up to where the file system's path starts: "s3://" for
+    # s3://bucket/dir (path "bucket/dir"), "hdfs://nn:8020" for hdfs://nn:8020/dir.
+    root = path.rstrip("/")
+    prefix = url[:url.rstrip("/").rfind(root)] if root else url.rstrip("/")
+    found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    files = sorted(prefix + f.path for f in found if f.type == pafs.FileType.File
+                   and _parquet_name(f.path[len(root):].lstrip("/")))
+    if not files:
+        raise ValueError(f"no Parquet files in {url}: is it the dataset's folder?")
+    return files
+
+
+@functools.lru_cache(maxsize=None)
+def _remote(url: str):
+    from pyarrow import fs as pafs
+
+    return pafs.FileSystem.from_uri(url)
+
+
+def parquet_file(url: str, metadata=None):
+    """``pyarrow.parquet.ParquetFile`` of one file URL from :func:`resolve_files`.
+
+    Args:
+        url: A ``file://`` URL or a remote URL pyarrow's file systems open.
+        metadata: The file's footer if already read (skips reading it again).
+    """
+    import pyarrow.parquet as pq
+
+    local = file_path(url)
+    if local is not None:
+        return pq.ParquetFile(local, metadata=metadata)
+    filesystem, path = _remote(url)
+    return pq.ParquetFile(filesystem.open_input_file(path), metadata=metadata)

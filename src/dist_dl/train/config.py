@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dist_dl.read.augment import READERS
 from dist_dl.settings import checked, setting
 
 __all__ = ["TrainConfig", "BACKENDS"]
@@ -69,7 +70,10 @@ class TrainConfig:
         min_crop_area: Smallest crop, as a share of the image, when augmenting.
         eval_crop_fraction: Centre crop of the evaluation transform.
         shuffle_buffer: Rows in the shuffle buffer.
-        reader_threads: Petastorm reader threads per worker.
+        reader_threads: Parquet reader threads per worker.
+        reader: ``"auto"`` (default: Petastorm where it imports, else the
+            arrow reader), ``"petastorm"`` or ``"arrow"`` (pyarrow alone);
+            see :class:`dist_dl.read.ReaderConfig`.
         cache_dir: Local folder to cache each worker's shard after the first epoch.
 
     Precision and communication:
@@ -138,6 +142,7 @@ class TrainConfig:
     eval_crop_fraction: float = setting(0.875, low=0.0, high=1.0, low_open=True)
     shuffle_buffer: int = setting(1024, low=1)
     reader_threads: int = setting(2, low=1)
+    reader: str = setting("auto", choices=READERS)
     cache_dir: str | None = setting(None)
 
     mixed_precision: str = setting("auto", choices=("auto", "on", "off"))

@@ -354,8 +354,10 @@ def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
 
 
 def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
-    from dist_dl.read import plan_shards
+    from dist_dl.read import choose_reader, plan_shards
 
+    if cfg.reader == "petastorm":
+        choose_reader(cfg.reader)  # missing here: say so before any worker starts
     try:
         return plan_shards(url, cfg.num_workers, cfg.batch_size, classes=classes)
     except ValueError as exc:

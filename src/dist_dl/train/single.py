@@ -52,7 +52,8 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
                           area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
                           shuffle_buffer=cfg.shuffle_buffer,
-                          reader_threads=1 if cfg.deterministic else cfg.reader_threads)
+                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
+                          reader=cfg.reader)
     train_data = make_dataset(list(plan.files), 0, 1, cfg.batch_size, training=cfg.augment,
                               shuffle=cfg.shuffle, config=reader,
                               steps_per_epoch=plan.steps_per_epoch, seed=cfg.seed,

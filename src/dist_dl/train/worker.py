@@ -117,7 +117,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
                           area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
                           shuffle_buffer=cfg.shuffle_buffer,
-                          reader_threads=1 if cfg.deterministic else cfg.reader_threads)
+                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
+                          reader=cfg.reader)
     train_data = make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
                               training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                               steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
