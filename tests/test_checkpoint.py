@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dist_dl.train.checkpoint import (CheckpointCallback, CheckpointManager,
-                                      CorruptCheckpointWarning, resume)
+                                      CorruptCheckpointWarning, UntrustedCheckpoint, resume)
 
 # Ship this module's worker functions to Horovod workers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -95,14 +95,19 @@ def _data_file(info):
     return info.path / name
 
 
-def test_truncated_checkpoint_is_skipped_with_warning(tmp_path):
-    manager = CheckpointManager(tmp_path, keep=5)
+def _two_epochs(manager):
+    """Checkpoints of epochs 1 and 2 of one model, and epoch 1's weights."""
     model = _model(seed=1)
     _fit(model, epochs=1)
     first = manager.save(model, 1)
     expected = model.get_weights()
     _fit(model, epochs=1)
-    second = manager.save(model, 2)
+    return first, manager.save(model, 2), expected
+
+
+def test_truncated_checkpoint_is_skipped_with_warning(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=5)
+    first, second, expected = _two_epochs(manager)
     data = _data_file(second)
     with open(data, "r+b") as f:  # truncate on disk, as a crash or a full disk would
         f.truncate(data.stat().st_size // 2)
@@ -134,6 +139,91 @@ def test_damaged_manifest_and_flipped_byte_are_skipped(tmp_path):
     messages = " | ".join(str(w.message) for w in caught)
     assert third.path.name in messages and "SHA-256" in messages
     assert second.path.name in messages and "unreadable" in messages
+
+
+KEY = b"k" * 32
+
+
+def test_signed_checkpoints_refuse_a_rewritten_manifest_and_skip_a_swapped_file(tmp_path):
+    """Someone who can write the shared folder but has no key: a state file
+    swapped under a signed manifest is skipped (named, with both digests)
+    for the previous verified checkpoint; a manifest they rewrote to match
+    their file, an unsigned one they planted, or one signed with another
+    key is refused with an error (resume() raises it on every call)."""
+    import json
+    import shutil
+
+    from dist_dl.integrity import key_id, sha256_file
+
+    manager = CheckpointManager(tmp_path, keep=5, key=KEY)
+    assert "kkkk" not in repr(manager)
+    first, second, expected = _two_epochs(manager)
+    manifest = json.loads((second.path / "MANIFEST.json").read_text())
+    assert manifest["signature"]["key_id"] == key_id(KEY)
+    assert manager.latest().path == second.path
+
+    # A state file swapped for another run's (same format, other weights).
+    other = CheckpointManager(tmp_path / "other", key=KEY).save(_model(seed=7), 2)
+    planted, target = _data_file(other), _data_file(second)
+    good_digest = sha256_file(target)
+    target.write_bytes(planted.read_bytes())
+    with pytest.warns(CorruptCheckpointWarning) as caught:
+        fresh = _model(seed=3)
+        assert resume(manager, fresh) == 1
+    message = " | ".join(str(w.message) for w in caught
+                         if issubclass(w.category, CorruptCheckpointWarning))
+    assert target.name in message and good_digest in message and sha256_file(planted) in message
+    _assert_same(expected, fresh.get_weights(), rtol=0, atol=0)
+
+    # The same swap with the manifest's digests rewritten to match: refused.
+    for name in manifest["files"]:
+        manifest["files"][name] = {"size": (second.path / name).stat().st_size,
+                                   "sha256": sha256_file(second.path / name)}
+    (second.path / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(UntrustedCheckpoint, match=f"refusing checkpoint {second.path}: its "
+                       "signature does not match its content"):
+        resume(manager, _model(seed=3))
+    shutil.rmtree(second.path)
+
+    # A whole checkpoint planted by a writer without the key, or with another.
+    for planter, why in ((CheckpointManager(tmp_path), "is not signed"),
+                         (CheckpointManager(tmp_path, key=b"x" * 32),
+                          f"signed with another key \\(key id {key_id(b'x' * 32)}; this run has "
+                          f"{key_id(KEY)}\\): set DIST_DL_CHECKPOINT_KEY")):
+        planted_ckpt = planter.save(_model(seed=7), 9)
+        with pytest.raises(UntrustedCheckpoint, match=why):
+            manager.latest()
+        with pytest.raises(UntrustedCheckpoint, match=why):
+            manager.checkpoints()
+        shutil.rmtree(planted_ckpt.path)
+    # A keyless reader (the library's own code always has the key) still
+    # checks the digests.
+    assert CheckpointManager(tmp_path).verify(first.path).epoch == 1
+
+
+def test_signed_resume_after_a_crash_takes_the_latest_complete_checkpoint(tmp_path,
+                                                                          monkeypatch):
+    """A crashed write (a temporary folder left, or a published folder with
+    no manifest, as a non-atomic rename on a FUSE mount can leave) does not
+    stop a signed resume: the latest complete, verified checkpoint loads."""
+    import shutil
+
+    import dist_dl.train.checkpoint as ckpt_module
+
+    manager = CheckpointManager(tmp_path, key=KEY)
+    model = _model(seed=1)
+    _fit(model, epochs=1)
+    good = manager.save(model, 1)
+    expected = model.get_weights()
+    (tmp_path / ".tmp-ckpt-000002-crashed").mkdir()
+    half = manager.save(model, 2)
+    (half.path / "MANIFEST.json").unlink()
+    with pytest.warns(CorruptCheckpointWarning, match="no MANIFEST.json"):
+        fresh = _model(seed=3)
+        assert resume(manager, fresh) == 1
+    _assert_same(expected, fresh.get_weights(), rtol=0, atol=0)
+    shutil.rmtree(half.path)
+    assert manager.save(model, 2).epoch == CheckpointManager(tmp_path, key=KEY).latest().epoch
 
 
 def test_interrupted_write_is_ignored_and_cleaned_up(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from dist_dl.ensemble import PartitionMemoryError, train_ensemble
+from dist_dl.integrity import IntegrityError, sha256_bytes
 
 
 def _frame(loader):
@@ -243,7 +244,7 @@ def test_worker_unpickles_members_once_per_source(tmp_path):
     # (a new tuple each task) share one scorer, other paths do not.
     paths = []
     for i, blob in enumerate(blobs):
-        paths.append(str(tmp_path / f"member-{i}.pkl"))
+        paths.append((str(tmp_path / f"member-{i}.pkl"), sha256_bytes(blob)))
         (tmp_path / f"member-{i}.pkl").write_bytes(blob)
     from_files = task.shared_scorer(tuple(paths), [0, 1], ["a", "b"], "vote")
     assert task.shared_scorer(tuple(list(paths)), [0, 1], ["a", "b"], "vote") is from_files
@@ -260,17 +261,22 @@ def test_member_file_the_driver_cannot_see_is_named(tmp_path):
 
     from dist_dl.ensemble.driver import _member_files
 
-    Row = namedtuple("Row", "member path size")
+    Row = namedtuple("Row", "member path size sha256")
     good = tmp_path / "member-0-attempt-0.pkl"
     good.write_bytes(b"x" * 10)
-    assert _member_files([Row(0, str(good), 10)], "runs") == (str(good),)
-    missing = Row(1, str(tmp_path / "member-1-attempt-0.pkl"), 10)
+    digest = sha256_bytes(b"x" * 10)
+    assert _member_files([Row(0, str(good), 10, digest)], "runs") == ((str(good), digest),)
+    missing = Row(1, str(tmp_path / "member-1-attempt-0.pkl"), 10, digest)
     with pytest.raises(RuntimeError, match=r"member 1 was written to .*member-1-attempt-0.pkl "
                        r"\(10 bytes\).*cannot find that file: output_dir='runs' must be a "
                        r"folder the driver and every executor share"):
-        _member_files([Row(0, str(good), 10), missing], "runs")
+        _member_files([Row(0, str(good), 10, digest), missing], "runs")
     with pytest.raises(RuntimeError, match="sees 10 bytes there"):
-        _member_files([Row(0, str(good), 12)], "runs")
+        _member_files([Row(0, str(good), 12, digest)], "runs")
+    # The same size but other bytes: swapped after the task wrote it.
+    with pytest.raises(IntegrityError, match=f"ensemble member 0 {good}: its SHA-256 is "
+                       f"{digest}, but the run that wrote it recorded {'0' * 64}"):
+        _member_files([Row(0, str(good), 10, "0" * 64)], "runs")
 
 
 def test_members_folder_is_removed_when_training_fails(spark, tmp_path):

@@ -106,3 +106,103 @@ def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monk
     assert os.path.isdir(trained.checkpoint_dir)
     assert _files_containing(tmp_path, canary.encode()) == []
     spark.conf.unset("fs.azure.sas.fixed.token.canaryaccount.dfs.core.windows.net")
+
+
+def test_redact_secrets_knows_read_secrets_credential_variables_and_signed_urls(monkeypatch):
+    from dist_dl.databricks.secrets import redact_secrets
+
+    read = f"read-{uuid.uuid4().hex}"
+    env = f"env-{uuid.uuid4().hex}"
+    monkeypatch.setenv("DIST_DL_SECRET_DIST_DL_CANARY", read)
+    assert read_secret("dist_dl", "canary") == read
+    monkeypatch.delenv("DIST_DL_SECRET_DIST_DL_CANARY")  # still known: it was read
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env)
+    monkeypatch.setenv("SOME_SETTING", "harmless-value-1234")
+    text = (f"failed with {read} and {env}; GET https://a.blob.core.windows.net/c/x?sv=1&"
+            f"sig=abc%2Fdef&se=2099 Authorization: Bearer eyJhbGciOi.x.y "
+            f"dapi{'0a' * 16} harmless-value-1234")
+    assert redact_secrets(text) == (
+        "failed with [REDACTED] and [REDACTED]; GET https://a.blob.core.windows.net/c/x?sv=1&"
+        "sig=[REDACTED]&se=2099 Authorization: Bearer [REDACTED] [REDACTED] harmless-value-1234")
+
+
+def _run_files_with(root: Path, needles) -> list[str]:
+    return [f"{path} has {needle!r}" for path in root.rglob("*") if path.is_file()
+            for needle in needles if needle.encode() in path.read_bytes()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_path, monkeypatch):
+    """A worker fails with a message that quotes its credential (as a storage
+    or HTTP client's error would): the driver's error and the MLflow run say
+    why, with the credential redacted, and no tag, parameter, artifact,
+    checkpoint or other file of the run holds it."""
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl import train_distributed
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.train.driver import TrainingFailed
+
+    canary = f"dist-dl-canary-{uuid.uuid4().hex}"
+    signature = f"sigcanary{uuid.uuid4().hex}"  # in a signed URL only: known by its form
+    monkeypatch.setenv("DATABRICKS_TOKEN", canary)  # the local workers inherit it
+    monkeypatch.setenv("DIST_DL_CHECKPOINT_KEY", uuid.uuid4().hex)
+    shards = str(tmp_path / "shards")
+    make_synthetic_images(shards, rows=16, image_size=16, classes=2, rows_per_row_group=4)
+    message = (f"upload refused for token {canary}: https://acct.blob.core.windows.net/c/m?"
+               f"sv=2022-11-02&sig={signature}&se=2099-01-01")
+    with pytest.raises(TrainingFailed) as info:
+        train_distributed(shards, model=train_hooks.plain_cnn, epochs=2, num_workers=2,
+                          batch_size=4, image_size=16, validation_fraction=0.0, max_retries=0,
+                          backend="local", tracking_uri=(tmp_path / "mlruns").as_uri(),
+                          output_dir=str(tmp_path / "out"),
+                          callbacks=train_hooks.RaiseAt(1, message))
+    # The error still says what went wrong, and which URL.
+    error = str(info.value)
+    assert "upload refused for token [REDACTED]" in error and "sig=[REDACTED]" in error
+    assert canary not in error and signature not in error
+    run = MlflowClient((tmp_path / "mlruns").as_uri()).get_run(info.value.run_id)
+    tag = run.data.tags["dist_dl.attempt_1_error"]
+    assert "upload refused for token [REDACTED]" in tag
+    assert not [k for k, v in {**run.data.params, **run.data.tags}.items()
+                if canary in v or signature in v]
+    # The checkpoint of the first epoch was written, and holds neither.
+    assert info.value.checkpoint_epoch == 1
+    assert _run_files_with(tmp_path, [canary, signature]) == []
+
+
+def _failing_trial(message):
+    # Made inside a function so that Spark ships it by value.
+    def train(params, reporter):
+        reporter.report(1.0)
+        if params["x"] == 1:
+            raise RuntimeError(message)
+        return 0.0
+
+    return train
+
+
+@pytest.mark.timeout(240)
+def test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact(spark, tmp_path, monkeypatch):
+    """Search trials: the error tag, error.txt and the results are redacted
+    (here on the driver: the executors of the shared local session started
+    before the canary was set)."""
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.search import search
+
+    canary = f"dist-dl-canary-{uuid.uuid4().hex}"
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", canary)
+    result = search(_failing_trial(f"GET failed with token {canary}"), {"x": [1, 2]},
+                    max_trials=2, max_concurrent=1, algorithm="grid", early_stopping=None,
+                    spark=spark, tracking_uri=(tmp_path / "mlruns").as_uri())
+    (trial,) = [t for t in result.trials if t.status == "failed"]
+    assert trial.status == "failed" and trial.error == "RuntimeError: GET failed with token " \
+        "[REDACTED]"
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    run = client.get_run(trial.run_id)
+    assert run.data.tags["dist_dl.error"] == trial.error
+    artifacts = [a.path for a in client.list_artifacts(trial.run_id)]
+    assert "error.txt" in artifacts
+    assert _run_files_with(tmp_path, [canary]) == []

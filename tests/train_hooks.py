@@ -112,3 +112,23 @@ class EnvProbe:
         with open(f"{self.prefix}-rank{hvd.rank()}", "w") as f:
             f.write(seen)
         return [tf.keras.callbacks.Callback()]
+
+
+class RaiseAt:
+    """Callback factory: every worker raises ``RuntimeError(message)`` when
+    epoch ``epoch`` (0-based) begins, after the previous epoch's checkpoint."""
+
+    def __init__(self, epoch: int, message: str):
+        self.epoch, self.message = epoch, message
+
+    def __call__(self):
+        import tensorflow as tf
+
+        spec = self
+
+        class Hook(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == spec.epoch:
+                    raise RuntimeError(spec.message)
+
+        return [Hook()]

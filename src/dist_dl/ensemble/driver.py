@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.ensemble.memory import check_partition_memory, task_memory
+from dist_dl.integrity import verify_file
 from dist_dl.locations import local_path
 from dist_dl.session import job_group
 from dist_dl.settings import checked, setting
@@ -223,9 +224,11 @@ def _requirements(kinds) -> list[str]:
 
 
 def _member_files(results, output_dir: str) -> tuple:
-    """The members' files, checked from the driver: each must be there, with
-    the size its task wrote."""
-    paths = []
+    """The members' files as ``(path, sha256)`` pairs, checked from the
+    driver: each must be there, with the size and the SHA-256 its task
+    reported (so that a file swapped in the shared folder after the task
+    wrote it is refused before it is scored or copied into MLflow)."""
+    members = []
     for r in results:
         seen = os.path.getsize(r.path) if os.path.isfile(r.path) else None
         if seen != r.size:
@@ -235,8 +238,9 @@ def _member_files(results, output_dir: str) -> tuple:
                 f"task, but the driver {found}: output_dir={output_dir!r} must be a folder the "
                 "driver and every executor share (on Databricks a /dbfs/... or /Volumes/... "
                 "path)")
-        paths.append(r.path)
-    return tuple(paths)
+        verify_file(r.path, r.sha256, what=f"ensemble member {r.member}")
+        members.append((r.path, r.sha256))
+    return tuple(members)
 
 
 def _remove_staging(staging: str) -> None:
@@ -318,9 +322,9 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
     staging = os.path.join(members_root, group)
     os.makedirs(staging)  # fails here, before any job, if output_dir is not writable
     try:
-        classes, results, paths, scored = _train_and_score(
+        classes, results, members, scored = _train_and_score(
             df, spec, model_factory, fit_kwargs, limit, source, group, staging, output_dir)
-        return _log_ensemble(df, spec, classes, results, paths, scored, tracking_uri,
+        return _log_ensemble(df, spec, classes, results, members, scored, tracking_uri,
                              experiment_name, run_name)
     finally:
         _remove_staging(staging)
@@ -372,10 +376,12 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
             if failed or len(results) != num_models:
                 raise RuntimeError(f"{len(results) - len(failed)} of {num_models} members trained "
                                    f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
-            paths = _member_files(results, output_dir)
+            members = _member_files(results, output_dir)
 
             _describe(sc, "score members and ensemble on the held-out rows")
-            score_fn = functools.partial(_task.score_partition, members=paths,
+            # The digests travel with the task (its closure), not through the
+            # shared folder.
+            score_fn = functools.partial(_task.score_partition, members=members,
                                          classes=list(classes),
                                          feature_cols=list(spec.feature_cols),
                                          label_col=label_col, method=spec.combine)
@@ -386,10 +392,10 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                       .mapInPandas(score_fn, _task.SCORE_SCHEMA).collect())
     finally:
         assigned.unpersist()
-    return classes, results, paths, scored
+    return classes, results, members, scored
 
 
-def _log_ensemble(df, spec: _Spec, classes, results, paths, scored, tracking_uri,
+def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_uri,
                   experiment_name, run_name) -> Ensemble:
     """One MLflow run with the scores and the pyfunc model (the members'
     files its artifacts); returns the ``Ensemble``."""
@@ -420,8 +426,9 @@ def _log_ensemble(df, spec: _Spec, classes, results, paths, scored, tracking_uri
         mlflow.log_metrics(metrics)
         mlflow.pyfunc.log_model(
             "model",
-            python_model=EnsemblePyfunc(num_models, classes, spec.feature_cols, combine),
-            artifacts=member_artifacts(paths),
+            python_model=EnsemblePyfunc(num_models, classes, spec.feature_cols, combine,
+                                        member_digests=[d for _, d in members]),
+            artifacts=member_artifacts([p for p, _ in members]),
             signature=_signature(df, spec),
             # Given explicitly: inferring them loads the model in a subprocess,
             # which is slow and learns nothing we do not know here.

@@ -83,12 +83,27 @@ def combine(probas: Sequence[np.ndarray], method: str) -> np.ndarray:
     raise ValueError(f"combine={method!r}: use one of {COMBINE_METHODS}")
 
 
-def read_members(paths: Sequence[str]) -> list[bytes]:
-    """The pickled members in the files at ``paths``."""
+def read_members(paths: Sequence[str], digests: Sequence[str] | None) -> list[bytes]:
+    """The pickled members in the files at ``paths``, each checked against
+    its SHA-256 in ``digests`` (recorded by the task that wrote it) before
+    anyone unpickles it: a member file sits in shared storage, and unpickling
+    a planted one would run its code. ``digests=None`` (a model logged before
+    digests were recorded) reads them unchecked.
+
+    Raises:
+        IntegrityError: a file does not match its digest (named, with both digests).
+    """
+    from dist_dl.integrity import read_verified
+
+    if digests is not None and len(digests) != len(paths):
+        raise ValueError(f"{len(paths)} member files but {len(digests)} digests")
     blobs = []
-    for path in paths:
-        with open(path, "rb") as f:
-            blobs.append(f.read())
+    for i, path in enumerate(paths):
+        if digests is None:
+            with open(path, "rb") as f:
+                blobs.append(f.read())
+        else:
+            blobs.append(read_verified(path, digests[i], what=f"ensemble member {i}"))
     return blobs
 
 

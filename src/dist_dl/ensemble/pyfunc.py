@@ -30,8 +30,11 @@ class EnsemblePyfunc(mlflow.pyfunc.PythonModel):
     """
 
     def __init__(self, num_members: int, classes: Sequence, feature_cols: Sequence[str],
-                 method: str):
+                 method: str, member_digests: Sequence[str] | None = None):
         self.num_members = num_members
+        # The SHA-256 of each member file, as its training task wrote it:
+        # checked before a member is unpickled (see ``read_members``).
+        self.member_digests = None if member_digests is None else list(member_digests)
         self.classes = list(classes)
         self.feature_cols = list(feature_cols)
         self.method = method
@@ -52,7 +55,7 @@ class EnsemblePyfunc(mlflow.pyfunc.PythonModel):
         if self.member_paths is None:
             raise RuntimeError("the members are the model's artifacts: load the model with "
                                "mlflow.pyfunc.load_model first")
-        return read_members(self.member_paths)
+        return read_members(self.member_paths, getattr(self, "member_digests", None))
 
     def scorer(self) -> Scorer:
         if self._scorer is None:

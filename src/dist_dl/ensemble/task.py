@@ -19,12 +19,13 @@ import numpy as np
 import pandas as pd
 
 from dist_dl.ensemble.members import Scorer, fit_member, read_members
+from dist_dl.integrity import HashingWriter
 
 __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
            "predict_partition", "shared_scorer"]
 
-TRAIN_SCHEMA = ("member int, path string, size long, kind string, rows long, start double, "
-                "end double, fit_seconds double, error string")
+TRAIN_SCHEMA = ("member int, path string, size long, sha256 string, kind string, rows long, "
+                "start double, end double, fit_seconds double, error string")
 SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
 
 # The scorer of the members this Python worker used last: (source, args,
@@ -50,15 +51,20 @@ def shared_scorer(members, classes: Sequence, feature_cols: Sequence[str],
                   method: str) -> Scorer:
     """The ``Scorer`` of ``members``, built once per Python worker.
 
-    ``members`` is a tuple of the members' file paths (what ``train_partition``
-    wrote) or a PySpark ``Broadcast`` of their pickled bytes.
+    ``members`` is a tuple of ``(path, sha256)`` pairs of the members' files
+    (what ``train_partition`` wrote and reported; each file is checked
+    against its digest before it is unpickled) or a PySpark ``Broadcast`` of
+    their pickled bytes (already checked by the driver).
     """
     global _last_scorer
     args = (tuple(classes), tuple(feature_cols), method)
     cached_source, cached_args, scorer = _last_scorer
     if not _same_source(cached_source, members) or cached_args != args:
         _last_scorer = (None, None, None)  # free the old members before loading new ones
-        blobs = read_members(members) if isinstance(members, tuple) else members.value
+        if isinstance(members, tuple):
+            blobs = read_members([p for p, _ in members], [d for _, d in members])
+        else:
+            blobs = members.value
         scorer = Scorer(blobs, classes, feature_cols, method)
         _last_scorer = (members, args, scorer)
     return scorer
@@ -83,7 +89,9 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
     """Train one member on all rows of this task's partition and write it,
     pickled, to a file in ``member_dir`` (one name per task attempt, written
     under a temporary name and renamed, so a file under its final name is
-    complete). The row returned says where, and how many bytes."""
+    complete). The row returned says where, how many bytes and their SHA-256:
+    that digest goes back to the driver through Spark, not through the
+    shared folder, and every later reader checks the file against it."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -93,7 +101,8 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
     pdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=[*feature_cols, label_col])
     del frames
-    row = {"member": member, "path": None, "size": None, "kind": None, "rows": len(pdf),
+    row = {"member": member, "path": None, "size": None, "sha256": None, "kind": None,
+           "rows": len(pdf),
            "start": start, "end": None, "fit_seconds": None, "error": None}
     if len(pdf) == 0:
         row["error"] = "the partition is empty"
@@ -112,9 +121,11 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         path = os.path.join(member_dir, f"member-{member}-attempt-{context.attemptNumber()}.pkl")
         os.makedirs(member_dir, exist_ok=True)  # an executor on another node
         with open(path + ".tmp", "wb") as f:
-            pickle.dump(model, f, protocol=pickle.HIGHEST_PROTOCOL)
+            # Hashed as it is written: no second copy of a big member in memory.
+            out = HashingWriter(f)
+            pickle.dump(model, out, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(path + ".tmp", path)
-        row["path"], row["size"] = path, os.path.getsize(path)
+        row["path"], row["size"], row["sha256"] = path, out.size, out.hexdigest()
     row["end"] = time.time()
     yield pd.DataFrame([row])
 
@@ -122,7 +133,8 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
 def score_partition(batches: Iterator[pd.DataFrame], *, members: tuple, classes: Sequence,
                     feature_cols: Sequence[str], label_col: str,
                     method: str) -> Iterator[pd.DataFrame]:
-    """Count correct predictions of each member (``members``: their files) and
+    """Count correct predictions of each member (``members``: their files and
+    digests, see ``shared_scorer``) and
     of the ensemble (one row per task, summed on the driver)."""
     scorer = shared_scorer(members, classes, feature_cols, method)
     index = {c: i for i, c in enumerate(classes)}

@@ -172,9 +172,14 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
         finally:
             deadline.cancel()
     except BaseException as exc:
+        from dist_dl.databricks.secrets import redact_secrets
+
+        # Redacted here, with this worker's own environment (a cluster's
+        # secrets may be set on the executors only): the record reaches the
+        # driver's output, and from there MLflow tags.
         record = protocol.encode_control(
-            "error", rank, type=type(exc).__name__, message=str(exc),
-            traceback="".join(traceback.format_exception(exc)))
+            "error", rank, type=type(exc).__name__, message=redact_secrets(str(exc)),
+            traceback=redact_secrets("".join(traceback.format_exception(exc))))
         if _capture is not None:
             _capture.control(record)
         else:

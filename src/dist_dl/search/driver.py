@@ -11,6 +11,7 @@ stopping are Optuna's; only MLflow and Spark are driven from here.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import socketserver
 import threading
@@ -22,6 +23,8 @@ from typing import Any, Callable, Mapping
 
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
+from dist_dl.databricks.secrets import redact_secrets
+from dist_dl.integrity import signature_matches as _signature_matches
 from dist_dl.optional import require
 from dist_dl.session import job_group
 from dist_dl.settings import checked, setting
@@ -33,6 +36,7 @@ __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
 ALGORITHMS = ("random", "grid", "tpe")
 EARLY_STOPPING = ("median", "hyperband", None)
 _MAX_TAG = 5000  # MLflow tag values are limited; keep errors well inside it.
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,20 +119,52 @@ class _ReportServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
+class _Refused(Exception):
+    """A report that is not from this search's trials (logged, answered)."""
+
+
 def _make_handler(on_report: Callable[[dict], bool], token: str):
+    seen: set[str] = set()  # nonces of accepted reports: a replay is refused
+    lock = threading.Lock()
+
+    def check(message) -> dict:
+        if not isinstance(message, dict) or "mac" not in message:
+            raise _Refused("no signature (mac): not a report of this search's trials")
+        fields = {k: message.get(k) for k in _task.REPORT_FIELDS}
+        if not _signature_matches(token.encode(), fields, message["mac"]):
+            raise _Refused("wrong signature: not signed with this search's token")
+        with lock:
+            if fields["nonce"] in seen:
+                raise _Refused("a replayed report (its nonce was used before)")
+            seen.add(fields["nonce"])
+        return fields
+
     class Handler(socketserver.StreamRequestHandler):
         timeout = 30
 
         def handle(self):
+            peer = "%s:%s" % self.client_address[:2]
             try:
-                message = json.loads(self.rfile.readline(64 * 1024))
-                if not secrets.compare_digest(str(message.get("token", "")), token):
-                    reply = {"error": "bad token"}
-                else:
-                    reply = {"prune": bool(on_report(message))}
+                line = self.rfile.readline(64 * 1024)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    raise _Refused(f"not a JSON line ({len(line)} bytes)") from None
+                fields = check(message)
+                prune = bool(on_report(fields))
+                reply = {"prune": prune, "mac": _task.sign_report(
+                    token, {"nonce": fields["nonce"], "prune": prune})}
+            except _Refused as exc:
+                # Logged on the driver, so that a probe or a misconfigured
+                # client shows up; the reply says no more than the log.
+                _log.warning("search report server: refused a message from %s: %s", peer, exc)
+                reply = {"error": f"refused: {exc}"}
             except Exception as exc:  # noqa: BLE001 - reply instead of dropping the task
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
-            self.wfile.write(json.dumps(reply).encode() + b"\n")
+            try:
+                self.wfile.write(json.dumps(reply).encode() + b"\n")
+            except OSError:  # the client went away
+                pass
 
     return Handler
 
@@ -237,7 +273,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
 
     host = sc.getConf().get("spark.driver.host", "127.0.0.1")
     # Bound to the driver's own address (loopback locally): executors reach
-    # it, nothing else needs to, and every message must carry the token.
+    # it, nothing else needs to, and every message must be signed with the
+    # token (which itself never goes over this connection; see task.py).
     server = _ReportServer((host, 0), _make_handler(on_report, token))
     address = server.server_address[:2]
     server_thread = threading.Thread(target=server.serve_forever, name="dist_dl-search-reports",
@@ -265,6 +302,12 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         except Exception as exc:  # noqa: BLE001 - the task itself died (e.g. out of memory)
             record = {"status": "failed", "value": None, "steps": 0, "start": None,
                       "end": None, "error": f"the Spark task failed: {exc}"[:_MAX_TAG]}
+        # What a trial says about its failure goes to MLflow (a tag, error.txt)
+        # and the results: redacted with the driver's secrets (the task
+        # already did with the executor's), as parameters are.
+        for key in ("error", "traceback"):
+            if record.get(key):
+                record[key] = redact_secrets(record[key])
         with lock:
             del running[otrial.number]
             state = {"completed": optuna.trial.TrialState.COMPLETE,

@@ -1,20 +1,42 @@
 """What runs inside a Spark task: one trial, and the reporter it talks back with.
 
 A trial calls ``reporter.report(value)`` as it trains; each report goes to the
-driver over one short TCP connection (JSON, no pickle, checked against a
-per-search token) and the driver answers whether to stop. A stopped trial
-raises ``TrialPruned`` out of ``report``; the trial runner records it.
+driver over one short TCP connection (JSON, no pickle) and the driver answers
+whether to stop. A stopped trial raises ``TrialPruned`` out of ``report``; the
+trial runner records it.
+
+The connection is plain TCP, so the per-search token never goes over it:
+each report carries a fresh nonce and an HMAC-SHA256 of its fields keyed
+with the token, and the driver's answer an HMAC of the nonce and the answer
+(see ``sign_report``). Someone who can watch the network between the
+executors and the driver sees the reported values, but cannot send a report
+the driver accepts, replay one, or forge an answer. The token itself reaches
+the task inside the Spark task (its closure), which Spark encrypts only with
+``spark.authenticate`` and ``spark.network.crypto.enabled`` set.
 """
 from __future__ import annotations
 
 import json
 import math
+import secrets
 import socket
 import time
 import traceback
 from typing import Callable
 
-__all__ = ["Reporter", "TrialPruned", "run_trial"]
+from dist_dl.databricks.secrets import redact_secrets
+from dist_dl.integrity import sign, signature_matches
+
+__all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS"]
+
+# The fields of a report that its HMAC covers (and the only ones read).
+REPORT_FIELDS = ("trial", "step", "value", "nonce")
+
+
+def sign_report(token: str, fields: dict) -> str:
+    """The HMAC of a report's ``REPORT_FIELDS`` (or of an answer's fields),
+    keyed with the search's token."""
+    return sign(token.encode(), fields)
 
 
 class TrialPruned(Exception):
@@ -58,12 +80,19 @@ class Reporter:
         step = self.steps if step is None else int(step)
         self.last_value = value
         self.steps += 1
-        message = {"token": self._token, "trial": self.trial, "step": step, "value": value}
+        message = {"trial": self.trial, "step": step, "value": value,
+                   "nonce": secrets.token_hex(16)}
+        message["mac"] = sign_report(self._token, message)
         with socket.create_connection(self._address, timeout=self._timeout) as conn:
             conn.sendall(json.dumps(message).encode() + b"\n")
             reply = json.loads(conn.makefile("rb").readline() or b"{}")
         if "error" in reply:
             raise RuntimeError(f"the search driver refused a report: {reply['error']}")
+        answer = {"nonce": message["nonce"], "prune": reply.get("prune")}
+        if not signature_matches(self._token.encode(), answer, reply.get("mac")):
+            raise RuntimeError(f"the answer to trial {self.trial}'s report from "
+                               f"{self._address[0]}:{self._address[1]} is not signed with the "
+                               "search's token: something other than the search driver answered")
         if reply.get("prune"):
             raise TrialPruned(f"trial {self.trial} stopped early at step {step} (value {value})")
 
@@ -86,8 +115,10 @@ def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token
     except TrialPruned:
         record.update(status="pruned", value=reporter.last_value)
     except Exception as exc:  # noqa: BLE001 - any failure of user code is the trial's
-        record.update(status="failed", error=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc())
+        # The error goes to MLflow (a tag, error.txt): redacted here with
+        # this executor's secrets, and on the driver with its own.
+        record.update(status="failed", error=redact_secrets(f"{type(exc).__name__}: {exc}"),
+                      traceback=redact_secrets(traceback.format_exc()))
     record["end"] = time.time()
     record["steps"] = reporter.steps
     yield json.dumps(record)

@@ -7,7 +7,8 @@ read. The format, in ``directory``::
         state.index              tf.train.Checkpoint(model=..., optimizer=...)
         state.data-00000-of-00001
         MANIFEST.json            written last: epoch, metadata, and every
-                                 file above with its size and SHA-256
+                                 file above with its size and SHA-256;
+                                 with a key, an HMAC of all that
     .tmp-ckpt-000004-<uuid>/     a write in progress (or one a crash left)
 
 Why ``tf.train.Checkpoint`` rather than ``model.save_weights`` plus a copy of
@@ -31,6 +32,19 @@ and SHA-256 match, so a file truncated or damaged after publishing (or a
 non-atomic rename on a FUSE mount such as ``/dbfs``) is skipped, with a
 warning that names it, in favour of the previous complete one.
 
+Who may have written it: the checkpoint directory is shared storage, which
+others can write too. With a ``key`` (``train_distributed`` always passes
+one, see :func:`dist_dl.integrity.checkpoint_key`; it is never stored in
+the directory) the writer signs the manifest with an HMAC-SHA256 and a
+reader refuses, with :class:`UntrustedCheckpoint`, any published checkpoint
+whose manifest is unsigned or signed with another key: only someone without
+the key writes such a manifest, so it is an error to look into, not damage to
+step over (stepping over it silently would also let a planted checkpoint
+roll a run back). A file that does not match the digest in a correctly
+signed manifest is handled like damage: skipped with a warning naming the
+file and both digests, in favour of the previous checkpoint, which is itself
+verified under the key. Bytes a run did not write are never restored.
+
 Resuming under Horovod (decided here, see :func:`resume`): rank 0 alone picks
 and verifies the latest checkpoint and restores it, then broadcasts the epoch
 and every model and optimizer variable to the other ranks *before* training
@@ -42,7 +56,6 @@ which would average in gradients computed from the other ranks' stale weights).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -55,15 +68,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dist_dl.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
 from dist_dl.launch.device import horovod_if_initialized, process_rank
 from dist_dl.lazy import lazy_attributes
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
-           "resume"]
+           "UntrustedCheckpoint", "resume"]
 
 _log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+_SIGNATURE = "signature"
 FORMAT_VERSION = 1
 _STATE_PREFIX = "state"
 _NAME = re.compile(r"^ckpt-(\d{6,})-(\d+)$")
@@ -72,6 +87,11 @@ _TMP_PREFIX = ".tmp-ckpt-"
 
 class CorruptCheckpointWarning(UserWarning):
     """A published checkpoint failed verification and was skipped."""
+
+
+class UntrustedCheckpoint(ValueError):
+    """A published checkpoint whose manifest is not signed with the reader's
+    key: refused, never skipped (see the module's notes)."""
 
 
 @dataclass(frozen=True)
@@ -109,17 +129,24 @@ class CheckpointManager:
         keep: How many of the newest checkpoints to keep after each save
             (default 3). Older ones, and temporary directories left by a crashed
             write, are deleted by the next save.
+        key: Sign manifests with it when saving, and accept only checkpoints
+            signed with it when reading. Keep it out of ``directory`` (a
+            secret, or the driver's own disk). None: unsigned manifests,
+            which catch damage but not someone who rewrites the manifest too.
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, key: bytes | None = None):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ValueError(f"keep must be an int >= 1 (how many checkpoints to keep), got {keep!r}")
         text = os.fspath(directory)
         if "://" in text or text.startswith("dbfs:"):
             raise ValueError(f"directory must be a file system path, got the URI {text!r}; "
                              "on Databricks use the FUSE path (/dbfs/... or /Volumes/...)")
+        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
+            raise ValueError("key must be bytes, at least 16 of them (a random secret)")
         self.directory = Path(text)
         self.keep = keep
+        self._key = key  # never in repr, messages or files
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, keep={self.keep})"
@@ -166,9 +193,12 @@ class CheckpointManager:
             files = {}
             for path in sorted(tmp.iterdir()):
                 _fsync_file(path)
-                files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+                files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
             manifest = {"format": FORMAT_VERSION, "epoch": epoch, "has_optimizer": optimizer is not None,
                         "created": time.time(), "metadata": metadata, "files": files}
+            if self._key is not None:
+                manifest[_SIGNATURE] = {"key_id": key_id(self._key),
+                                        "hmac": sign(self._key, manifest)}
             with open(tmp / MANIFEST, "w") as f:
                 json.dump(manifest, f, indent=1, sort_keys=True)
                 f.flush()
@@ -220,7 +250,9 @@ class CheckpointManager:
             Its description.
 
         Raises:
-            ValueError: Naming the checkpoint and what is wrong with it.
+            UntrustedCheckpoint: With a key, a manifest not signed with it.
+            ValueError: Naming the checkpoint and what is wrong with it
+                (for a file: both digests).
         """
         path = Path(path)
         try:
@@ -232,6 +264,8 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} has an unreadable {MANIFEST}: {exc}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
             raise ValueError(f"checkpoint {path}: {MANIFEST} is not format {FORMAT_VERSION}")
+        if self._key is not None:
+            self._check_signature(path, manifest)
         files = manifest.get("files") or {}
         if not any(name.startswith(_STATE_PREFIX + ".index") for name in files):
             raise ValueError(f"checkpoint {path}: {MANIFEST} lists no state files")
@@ -239,14 +273,35 @@ class CheckpointManager:
             file = path / name
             if not file.is_file():
                 raise ValueError(f"checkpoint {path}: {name} is missing")
-            size = file.stat().st_size
+            size, found = file.stat().st_size, sha256_file(file)
             if size != expected["size"]:
-                raise ValueError(f"checkpoint {path}: {name} has {size} bytes, "
-                                 f"the manifest says {expected['size']} (truncated?)")
-            if _sha256(file) != expected["sha256"]:
-                raise ValueError(f"checkpoint {path}: {name} does not match its SHA-256 in the manifest")
+                raise ValueError(f"checkpoint {path}: {name} has {size} bytes (SHA-256 {found}), "
+                                 f"the manifest recorded {expected['size']} bytes (SHA-256 "
+                                 f"{expected['sha256']}): truncated or replaced?")
+            if found != expected["sha256"]:
+                raise ValueError(f"checkpoint {path}: {name} has SHA-256 {found}, the manifest "
+                                 f"recorded {expected['sha256']} (damaged or replaced)")
         return CheckpointInfo(path, int(manifest["epoch"]), manifest.get("metadata") or {},
                               bool(manifest.get("has_optimizer", True)))
+
+    def _check_signature(self, path: Path, manifest: dict) -> None:
+        signature = manifest.pop(_SIGNATURE, None)
+        mine = key_id(self._key)
+        if not isinstance(signature, dict):
+            raise UntrustedCheckpoint(
+                f"refusing checkpoint {path}: its {MANIFEST} is not signed, and this run only "
+                f"loads checkpoints signed with its key (key id {mine}). A run of dist_dl signs "
+                "every checkpoint it writes, so it was written by something else (or by a "
+                "version before signing); remove it, or train into another checkpoint_dir")
+        if not signature_matches(self._key, manifest, signature.get("hmac")):
+            theirs = signature.get("key_id")
+            why = (f"it is signed with another key (key id {theirs}; this run has {mine}): set "
+                   f"{KEY_ENV} to the key of the run that wrote it to resume from it"
+                   if theirs != mine else
+                   f"its signature does not match its content under this run's key (key id "
+                   f"{mine}): the manifest was changed after it was written")
+            raise UntrustedCheckpoint(f"refusing checkpoint {path}: {why}; or remove it, or "
+                                      "train into another checkpoint_dir")
 
     def latest(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies, or None if there is none.
@@ -254,10 +309,15 @@ class CheckpointManager:
         Every newer checkpoint that fails verification is skipped with a
         :class:`CorruptCheckpointWarning` (also logged) naming it and the reason.
         Temporary directories of unfinished writes are never considered.
+
+        Raises:
+            UntrustedCheckpoint: The newest one is not signed with the key.
         """
         for path, _ in reversed(self._published()):
             try:
                 return self.verify(path)
+            except UntrustedCheckpoint:
+                raise
             except ValueError as exc:
                 message = f"skipping corrupt checkpoint {path}: {exc}; falling back to an older one"
                 _log.warning(message)
@@ -271,6 +331,8 @@ class CheckpointManager:
         for path, _ in self._published():
             try:
                 result.append(self.verify(path))
+            except UntrustedCheckpoint:
+                raise
             except ValueError as exc:
                 message = f"skipping corrupt checkpoint {path}: {exc}"
                 _log.warning(message)
@@ -459,14 +521,6 @@ def _build_optimizer(optimizer, model) -> None:
         optimizer._create_all_weights(model.trainable_variables)
     else:
         optimizer.build(model.trainable_variables)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:

@@ -16,6 +16,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dist_dl.databricks.secrets import redact_secrets
+from dist_dl.integrity import checkpoint_key, key_id
 from dist_dl.locations import local_path
 from dist_dl.train.config import TrainConfig
 
@@ -250,7 +252,15 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
         os.path.join(output_dir, "checkpoints", run_id)
     _log_params(client, run_id, cfg, builder, backend, train_url, val_url, plan, val_plan,
                 train_steps, classes, rows, checkpoint_dir)
-    initial_epoch = _resumable_epoch(checkpoint_dir, cfg)
+    # Signs this run's checkpoints; the same key lets a later run resume from
+    # them. Only its public id goes to MLflow.
+    key = checkpoint_key()
+    client.set_tag(run_id, "dist_dl.checkpoint_key_id", key_id(key))
+    try:
+        initial_epoch = _resumable_epoch(checkpoint_dir, cfg, key)
+    except BaseException:  # e.g. an untrusted checkpoint: the run is not left running
+        client.set_terminated(run_id, "FAILED")
+        raise
     client.set_tag(run_id, "dist_dl.initial_epoch", str(initial_epoch))
 
     from dist_dl.train.worker import WorkerSpec
@@ -262,7 +272,8 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                       class_names=tuple(class_names), checkpoint_dir=checkpoint_dir,
                       tensorboard_dir=os.path.join(output_dir, "tensorboard", run_id),
                       tracking_uri=uri, run_id=run_id,
-                      registered_model_name=registered_model_name, callbacks=callbacks)
+                      registered_model_name=registered_model_name, callbacks=callbacks,
+                      checkpoint_key=key)
     try:
         result, attempts = _attempts(spec, cfg, backend, spark, client, run_id)
     except BaseException as exc:
@@ -366,12 +377,12 @@ def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
 
 # -------------------------------------------------------------- launching
 
-def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig) -> int:
+def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig, key: bytes) -> int:
     """Epochs done by the newest complete checkpoint in ``checkpoint_dir``
     (0 if none): where the first attempt will start."""
     from dist_dl.train.checkpoint import CheckpointManager
 
-    latest = CheckpointManager(checkpoint_dir).latest()
+    latest = CheckpointManager(checkpoint_dir, key=key).latest()
     if latest is None:
         return 0
     if latest.epoch >= cfg.epochs:
@@ -400,10 +411,13 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
             client.set_tag(run_id, "dist_dl.attempts", str(attempt))
             return result, attempt
         except (WorkerError, JobTimeout) as exc:
-            latest = CheckpointManager(spec.checkpoint_dir).latest()
+            latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
             where = (f"{latest.path} (after epoch {latest.epoch})" if latest
                      else f"none yet in {spec.checkpoint_dir}")
-            first_line = str(exc).splitlines()[0]
+            # Worker errors are text the worker chose, and may quote a
+            # secret: redacted before it is stored or shown (the worker
+            # redacted what its environment knows; this, the driver's).
+            first_line = redact_secrets(str(exc)).splitlines()[0]
             client.set_tag(run_id, f"dist_dl.attempt_{attempt}_error", first_line[:4000])
             retriable = _retriable(exc)
             if attempt > cfg.max_retries or not retriable:

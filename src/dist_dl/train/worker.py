@@ -23,7 +23,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dist_dl.train.config import TrainConfig
@@ -51,6 +51,8 @@ class WorkerSpec:
         callbacks: Optional function returning extra Keras callbacks, called
             in every worker (after Horovod init).
         attempt: 1 for the first attempt, 2 for the first retry, ...
+        checkpoint_key: Signs and checks the checkpoints (kept out of the
+            checkpoint folder; see ``dist_dl.integrity.checkpoint_key``).
     """
 
     config: TrainConfig
@@ -69,6 +71,7 @@ class WorkerSpec:
     registered_model_name: str | None = None
     callbacks: Callable[[], list] | None = None
     attempt: int = 1
+    checkpoint_key: bytes | None = field(default=None, repr=False)
 
 
 def train_worker(spec: WorkerSpec) -> dict | None:
@@ -141,7 +144,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=["accuracy"])
 
-    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints)
+    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
+                                key=spec.checkpoint_key)
     initial_epoch = resume(manager, model)
     _log(rank, f"attempt {spec.attempt}: {size} workers, "
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
