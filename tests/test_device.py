@@ -52,6 +52,27 @@ def test_launcher_place_from_horovod_or_open_mpi_variables():
     assert launcher_place({}) is None
 
 
+def test_launcher_place_from_tf_config():
+    import json
+
+    def config(workers, index, kind="worker"):
+        return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                         "task": {"type": kind, "index": index}})}
+
+    # Two hosts, two workers each: the local rank counts the workers on the same host.
+    workers = ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.1:2223", "10.0.0.2:2223"]
+    assert launcher_place(config(workers, 0)) == Place(0, 0, 2)
+    assert launcher_place(config(workers, 3)) == Place(3, 1, 2)
+    assert launcher_place(config(["127.0.0.1:20001"], 0)) == Place(0, 0, 1)
+    # Horovod's variables win (a Horovod job started from a tf.distribute worker).
+    assert launcher_place({**config(workers, 3), "HOROVOD_RANK": "0",
+                           "HOROVOD_LOCAL_RANK": "0"}).rank == 0
+    # Not a worker of a cluster, or not JSON: no place.
+    assert launcher_place(config(workers, 0, kind="chief")) is None
+    assert launcher_place(config(workers, 9)) is None
+    assert launcher_place({"TF_CONFIG": "{not json"}) is None
+
+
 @pytest.mark.timeout(120)
 def test_the_rank_that_writes_comes_from_horovod_or_the_launcher_or_is_0():
     # A fresh process: Horovod may have been initialised in this one by a test

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "Place", "launcher_place", "horovod_if_initialized", "process_rank",
+__all__ = ["DevicePlan", "Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
+           "process_rank",
            "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
@@ -58,19 +60,44 @@ class Place:
 
 def launcher_place(environ) -> Place | None:
     """This worker's place as its launcher set it in ``environ`` (Horovod's
-    variables, else Open MPI's), or None if neither set rank and local rank."""
+    variables, else Open MPI's, else tf.distribute's ``TF_CONFIG``), or None
+    if none of them set it."""
     for rank, local_rank, local_size in _PLACE_VARIABLES:
         if rank in environ and local_rank in environ:
             local = int(environ[local_rank])
             return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
-    return None
+    return tf_config_place(environ.get("TF_CONFIG"))
+
+
+def tf_config_place(tf_config: str | None) -> Place | None:
+    """The place of a tf.distribute worker, from its ``TF_CONFIG`` (JSON:
+    ``cluster.worker`` lists every worker's ``host:port``, ``task.index`` is
+    this one's): its rank is its index, its local rank and size count the
+    workers on the same host. None without a worker task in it."""
+    if not tf_config:
+        return None
+    import json
+
+    try:
+        config = json.loads(tf_config)
+        workers = list(config["cluster"]["worker"])
+        index = int(config["task"]["index"])
+        if config["task"].get("type", "worker") != "worker" or not 0 <= index < len(workers):
+            return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    hosts = [address.rsplit(":", 1)[0] for address in workers]
+    same = [i for i, host in enumerate(hosts) if host == hosts[index]]
+    return Place(index, same.index(index), len(same))
 
 
 def horovod_if_initialized():
     """``horovod.tensorflow`` once ``hvd.init()`` has run in this process, else None."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
+    # Only if something imported it already: a process that never did (a
+    # tf.distribute worker, where Horovod may not even build) has not
+    # initialised it, and must not pay for (or fail on) the import.
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
         return None
     try:
         return hvd if hvd.is_initialized() else None
