@@ -20,6 +20,33 @@ def test_gpu_ids_from_spark_resources_are_respected():
     assert plan_devices(1, 2, gpus=["5", "7"], cpu_count=8).env["CUDA_VISIBLE_DEVICES"] == "7"
 
 
+def test_a_task_with_gpus_of_its_own_takes_its_first_whatever_its_local_rank():
+    # Spark's GPU scheduling gave the task of local rank 1 (of 2) GPU 6.
+    plan = plan_devices(1, 2, gpus=["6"], cpu_count=8, own_gpus=True)
+    assert plan.gpu == "6" and plan.env["CUDA_VISIBLE_DEVICES"] == "6"
+    assert plan.threads == 4  # the host's cores are still shared by local rank
+
+
+@pytest.mark.timeout(60)
+def test_tf_worker_in_a_spark_task_with_its_own_gpu_is_given_that_gpu():
+    # In a fresh process: prepare_environment changes os.environ for good.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tf_config = json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
+                            "task": {"type": "worker", "index": 1}})
+    code = ("import os; from dist_dl.launch.worker import WorkerOptions, prepare_environment; "
+            "prepare_environment(WorkerOptions(job_id='x', engine='tensorflow')); "
+            "print(os.environ['CUDA_VISIBLE_DEVICES'], 'HOROVOD_CYCLE_TIME' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
+    env.update(TF_CONFIG=tf_config, DIST_DL_TASK_GPUS="6")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=50, check=True).stdout
+    assert out.split() == ["6", "False"]  # and no Horovod setting on this engine
+
+
 def test_more_workers_than_gpus_is_a_clear_error():
     with pytest.raises(ValueError, match=r"3 workers on this host but only 2 GPU"):
         plan_devices(0, 3, gpus=["0", "1"], cpu_count=8)

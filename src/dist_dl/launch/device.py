@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import MutableMapping
 
 __all__ = ["DevicePlan", "Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
-           "process_rank",
+           "process_rank", "TASK_GPUS_VAR",
            "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
@@ -38,6 +38,10 @@ LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 # default rather than a choice: a worker that knows its model may raise it.
 DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
 
+
+# GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
+# (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
+TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
 
 # Where a launcher puts a worker's place in the job before hvd.init():
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
@@ -151,7 +155,8 @@ def visible_gpus() -> list[str]:
 
 
 def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count: int,
-                 threads: int | None = None, pin_cpus: bool = False) -> DevicePlan:
+                 threads: int | None = None, pin_cpus: bool = False,
+                 own_gpus: bool = False) -> DevicePlan:
     """Plan one worker's devices.
 
     Args:
@@ -161,6 +166,9 @@ def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count
         cpu_count: Cores usable on the host.
         threads: CPU threads per worker; None shares the cores evenly.
         pin_cpus: Pin each worker to its own share of the cores.
+        own_gpus: ``gpus`` are this worker's alone (Spark's GPU scheduling gave
+            them to its task), not the host's: it takes the first of them,
+            whatever its local rank.
 
     Raises:
         ValueError: More workers on a host than GPUs, or bad counts.
@@ -181,7 +189,10 @@ def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count
         "TF_NUM_INTEROP_THREADS": str(min(2, threads)),
     }
     gpu = None
-    if gpus:
+    if gpus and own_gpus:
+        gpu = gpus[0]
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    elif gpus:
         if local_size > len(gpus):
             raise ValueError(
                 f"{local_size} workers on this host but only {len(gpus)} GPU(s) ({','.join(gpus)}): "

@@ -49,6 +49,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.launch import protocol
+from dist_dl.launch.device import TASK_GPUS_VAR
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.local import LocalBackend, run_processes
 from dist_dl.launch.processes import WorkerProcesses
@@ -383,8 +384,12 @@ def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: 
                 f.write(payload)
             processes = WorkerProcesses(channel.send)
             try:
-                proc = processes.start(payload_path, result_path,
-                                       worker_env(dict(os.environ), workers, rank))
+                env = worker_env(dict(os.environ), workers, rank)
+                gpus = ctx.resources().get("gpu")
+                if gpus is not None and gpus.addresses:
+                    # This task's own GPUs (Spark's GPU scheduling), not the host's.
+                    env[TASK_GPUS_VAR] = ",".join(gpus.addresses)
+                proc = processes.start(payload_path, result_path, env)
                 deadline = time.monotonic() + timeout + grace if timeout else None
                 processes.wait(deadline)
             finally:

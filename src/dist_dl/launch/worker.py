@@ -134,7 +134,8 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     time once, in ``hvd.init()``).
     """
     os.environ.update(options.env)
-    gpus = device.visible_gpus()
+    task_gpus = [g for g in os.environ.get(device.TASK_GPUS_VAR, "").split(",") if g]
+    gpus = task_gpus or device.visible_gpus()
     if options.engine == "horovod":
         for name in device.horovod_env_fixes(os.environ):
             del os.environ[name]
@@ -146,7 +147,8 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     place = _place()
     plan = device.plan_devices(place.local_rank, place.local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
-                               threads=options.threads_per_worker, pin_cpus=options.pin_cpus)
+                               threads=options.threads_per_worker, pin_cpus=options.pin_cpus,
+                               own_gpus=bool(task_gpus))
     for name, value in plan.env.items():
         # A value the user set explicitly for the job wins over the plan.
         if name not in options.env:
