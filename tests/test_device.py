@@ -20,6 +20,33 @@ def test_gpu_ids_from_spark_resources_are_respected():
     assert plan_devices(1, 2, gpus=["5", "7"], cpu_count=8).env["CUDA_VISIBLE_DEVICES"] == "7"
 
 
+def test_a_task_with_gpus_of_its_own_takes_its_first_whatever_its_local_rank():
+    # Spark's GPU scheduling gave the task of local rank 1 (of 2) GPU 6.
+    plan = plan_devices(1, 2, gpus=["6"], cpu_count=8, own_gpus=True)
+    assert plan.gpu == "6" and plan.env["CUDA_VISIBLE_DEVICES"] == "6"
+    assert plan.threads == 4  # the host's cores are still shared by local rank
+
+
+@pytest.mark.timeout(60)
+def test_tf_worker_in_a_spark_task_with_its_own_gpu_is_given_that_gpu():
+    # In a fresh process: prepare_environment changes os.environ for good.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tf_config = json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
+                            "task": {"type": "worker", "index": 1}})
+    code = ("import os; from dist_dl.launch.worker import WorkerOptions, prepare_environment; "
+            "prepare_environment(WorkerOptions(job_id='x', engine='tensorflow')); "
+            "print(os.environ['CUDA_VISIBLE_DEVICES'], 'HOROVOD_CYCLE_TIME' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
+    env.update(TF_CONFIG=tf_config, DIST_DL_TASK_GPUS="6")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=50, check=True).stdout
+    assert out.split() == ["6", "False"]  # and no Horovod setting on this engine
+
+
 def test_more_workers_than_gpus_is_a_clear_error():
     with pytest.raises(ValueError, match=r"3 workers on this host but only 2 GPU"):
         plan_devices(0, 3, gpus=["0", "1"], cpu_count=8)
@@ -50,6 +77,27 @@ def test_launcher_place_from_horovod_or_open_mpi_variables():
     # A rank without a local rank is no place (the worker asks Horovod instead).
     assert launcher_place({"HOROVOD_RANK": "3"}) is None
     assert launcher_place({}) is None
+
+
+def test_launcher_place_from_tf_config():
+    import json
+
+    def config(workers, index, kind="worker"):
+        return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                         "task": {"type": kind, "index": index}})}
+
+    # Two hosts, two workers each: the local rank counts the workers on the same host.
+    workers = ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.1:2223", "10.0.0.2:2223"]
+    assert launcher_place(config(workers, 0)) == Place(0, 0, 2)
+    assert launcher_place(config(workers, 3)) == Place(3, 1, 2)
+    assert launcher_place(config(["127.0.0.1:20001"], 0)) == Place(0, 0, 1)
+    # Horovod's variables win (a Horovod job started from a tf.distribute worker).
+    assert launcher_place({**config(workers, 3), "HOROVOD_RANK": "0",
+                           "HOROVOD_LOCAL_RANK": "0"}).rank == 0
+    # Not a worker of a cluster, or not JSON: no place.
+    assert launcher_place(config(workers, 0, kind="chief")) is None
+    assert launcher_place(config(workers, 9)) is None
+    assert launcher_place({"TF_CONFIG": "{not json"}) is None
 
 
 @pytest.mark.timeout(120)

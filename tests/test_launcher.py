@@ -1,5 +1,6 @@
-"""HorovodRunner end to end: real Horovod over Gloo, real worker processes,
-real Spark (local and a standalone cluster)."""
+"""The runners end to end: real Horovod over Gloo and real tf.distribute
+(MultiWorkerMirroredStrategy), real worker processes, real Spark (local and a
+standalone cluster). Guarantees both engines give are parametrized by engine."""
 from __future__ import annotations
 
 import os
@@ -13,16 +14,21 @@ import psutil
 import pytest
 
 import workers
-from dist_dl import HorovodRunner, JobTimeout, NotEnoughSlots, WorkerError
-from dist_dl.launch.backend import select_backend
+from dist_dl import HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError
+from dist_dl.launch.backend import auto_engine, select_backend
 from dist_dl.launch.device import visible_gpus
 from dist_dl.launch.local import LocalBackend
 from dist_dl.launch.spark import SparkBackend
+from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend, pick_ports
 
 # Ship the test's worker functions by value: workers need not import `tests`.
 cloudpickle.register_pickle_by_value(workers)
 
 EXPECTED_SUM = [3.0 * 10 ** i for i in range(5)]  # ranks contribute 1x and 2x
+
+RUNNERS = {"horovod": HorovodRunner, "tensorflow": TFDistributeRunner}
+ALLREDUCE = {"horovod": workers.allreduce_known, "tensorflow": workers.tf_allreduce_known}
+engines = pytest.mark.parametrize("engine", sorted(RUNNERS))
 
 
 def _check_allreduce(gathered):
@@ -32,16 +38,19 @@ def _check_allreduce(gathered):
         assert summed == EXPECTED_SUM, f"rank {rank} got {summed}"
 
 
+@engines
 @pytest.mark.timeout(120)
-def test_allreduce_local_processes():
-    _check_allreduce(HorovodRunner(np=-2).run(workers.allreduce_known))
+def test_allreduce_local_processes(engine):
+    _check_allreduce(RUNNERS[engine](np=-2).run(ALLREDUCE[engine]))
 
 
+@engines
 @pytest.mark.timeout(180)
-def test_allreduce_local_spark(spark):
-    runner = HorovodRunner(np=2, spark=spark)
-    assert isinstance(select_backend(2, spark), SparkBackend)
-    _check_allreduce(runner.run(workers.allreduce_known))
+def test_allreduce_local_spark(spark, engine):
+    runner = RUNNERS[engine](np=2, spark=spark)
+    expected = {"horovod": SparkBackend, "tensorflow": TFSparkBackend}[engine]
+    assert isinstance(select_backend(2, spark, engine), expected)
+    _check_allreduce(runner.run(ALLREDUCE[engine]))
 
 
 @pytest.mark.cluster
@@ -82,10 +91,41 @@ def _assert_gone_within(pids, seconds=10.0):
 
 
 @pytest.mark.timeout(120)
-def test_worker_exception_names_rank_and_leaves_no_process(tmp_path):
+def test_tf_keras_fit_keeps_weights_identical_on_all_ranks():
+    rows = TFDistributeRunner(np=-2).run(workers.tf_fit_steps, steps=2)
+    assert len(rows) == 2
+    np.testing.assert_allclose(rows[0], rows[1], rtol=1e-6)
+    assert any(abs(w) > 0 for w in rows[0])
+
+
+def _readme_example(heading: str) -> dict:
+    """The functions the README's example under ``heading`` defines (its
+    code up to the first call of a runner)."""
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    block = text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = block.split("\nhistory = ", 1)[0]
+    namespace = {"__name__": "readme_example"}  # not importable: pickled by value
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.timeout(150)
+def test_readme_tf_distribute_example(capsys):
+    train = _readme_example("## Example: your own training code with tf.distribute")["train"]
+    history = TFDistributeRunner(np=-2).run(train, epochs=3)
+    assert len(history["accuracy"]) == 3 and history["accuracy"][-1] > 0.7
+    out = capsys.readouterr().out
+    assert "[0] rank 0: accuracy" in out and "[1] rank 1: accuracy" in out
+
+
+@engines
+@pytest.mark.timeout(120)
+def test_worker_exception_names_rank_and_leaves_no_process(tmp_path, engine):
     pid_file = str(tmp_path / "pids")
     with pytest.raises(WorkerError) as info:
-        HorovodRunner(np=-2).run(workers.fail_on_rank, fail_rank=1, pid_file=pid_file,
+        RUNNERS[engine](np=-2).run(workers.fail_on_rank, fail_rank=1, pid_file=pid_file,
                                  message="boom: bad batch 17")
     err = info.value
     assert err.rank == 1 and err.worker_type == "ValueError"
@@ -96,12 +136,14 @@ def test_worker_exception_names_rank_and_leaves_no_process(tmp_path):
     _assert_gone_within(pids)
 
 
+@engines
 @pytest.mark.timeout(180)
-def test_worker_exception_on_spark(spark, tmp_path):
+def test_worker_exception_on_spark(spark, tmp_path, engine):
     pid_file = str(tmp_path / "pids")
     with pytest.raises(WorkerError) as info:
-        HorovodRunner(np=2, spark=spark).run(workers.fail_on_rank, fail_rank=1, pid_file=pid_file,
-                                             message="boom on spark", use_horovod=True)
+        RUNNERS[engine](np=2, spark=spark).run(
+            workers.fail_on_rank, fail_rank=1, pid_file=pid_file, message="boom on spark",
+            use_horovod=engine == "horovod")
     assert info.value.rank == 1 and "boom on spark" in str(info.value)
     assert "fail_on_rank" in info.value.worker_traceback
     pids = _pids(pid_file)
@@ -109,51 +151,119 @@ def test_worker_exception_on_spark(spark, tmp_path):
     _assert_gone_within(pids)
 
 
+@engines
 @pytest.mark.timeout(120)
-def test_worker_killed_by_signal_is_named():
+def test_worker_killed_by_signal_is_named(engine):
     with pytest.raises(WorkerError) as info:
-        HorovodRunner(np=-2).run(workers.kill_self_on_rank, kill_rank=0)
+        RUNNERS[engine](np=-2).run(workers.kill_self_on_rank, kill_rank=0)
     assert info.value.rank == 0
     assert "SIGKILL" in str(info.value) and "about to die" in str(info.value)
 
 
+@engines
 @pytest.mark.timeout(120)
-def test_timeout_local():
+def test_timeout_local(engine):
     start = time.monotonic()
     with pytest.raises(JobTimeout, match="timeout of 3 s"):
-        HorovodRunner(np=-2, timeout=3).run(workers.sleep_forever)
+        RUNNERS[engine](np=-2, timeout=3).run(workers.sleep_forever)
     assert time.monotonic() - start < 60
 
 
+@engines
 @pytest.mark.timeout(180)
-def test_timeout_spark(spark):
+def test_timeout_spark(spark, engine):
     with pytest.raises(JobTimeout):
-        HorovodRunner(np=2, timeout=5, spark=spark).run(workers.sleep_forever)
+        RUNNERS[engine](np=2, timeout=5, spark=spark).run(workers.sleep_forever)
 
 
+@engines
 @pytest.mark.timeout(60)
-def test_more_processes_than_slots_fails_fast(spark):
+def test_more_processes_than_slots_fails_fast(spark, engine):
     start = time.monotonic()
     with pytest.raises(NotEnoughSlots, match=r"np=3.*has 2 task slot"):
-        HorovodRunner(np=3, spark=spark).run(workers.sleep_forever)
+        RUNNERS[engine](np=3, spark=spark).run(workers.sleep_forever)
     assert time.monotonic() - start < 30
 
 
+@engines
 @pytest.mark.timeout(120)
-def test_log_to_driver_only(capsys):
-    assert HorovodRunner(np=-2).run(workers.talk, message="hello") == 0
+def test_log_to_driver_only(capsys, engine):
+    assert RUNNERS[engine](np=-2).run(workers.talk, message="hello") == 0
     out = capsys.readouterr().out
     assert "[0] hello from rank 0" in out and "[1] hello from rank 1" in out
     assert "plain stdout line" not in out
 
 
+@engines
 @pytest.mark.timeout(120)
-def test_verbosity_all_prefixes_every_line_with_rank(capsys):
-    HorovodRunner(np=-2, driver_log_verbosity="all").run(workers.talk, message="hi")
+def test_verbosity_all_prefixes_every_line_with_rank(capsys, engine):
+    RUNNERS[engine](np=-2, driver_log_verbosity="all").run(workers.talk, message="hi")
     out = capsys.readouterr().out
     assert "[0]<stdout>:plain stdout line from 0" in out
     assert "[1]<stdout>:plain stdout line from 1" in out
     assert "[1] hi from rank 1" in out
+
+
+@engines
+@pytest.mark.timeout(180)
+def test_output_on_spark_is_rank_prefixed(spark, capsys, engine):
+    assert RUNNERS[engine](np=2, spark=spark, driver_log_verbosity="all").run(
+        workers.talk, message="via spark") == 0
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:plain stdout line from {rank}" in out
+        assert f"[{rank}] via spark from rank {rank}" in out
+
+
+def test_tf_ports_are_distinct_free_and_below_the_ephemeral_range():
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = pick_ports(4)
+    assert len(set(ports)) == 4
+    if low > 21000:
+        assert all(20000 <= p < low for p in ports)
+    assert not set(pick_ports(2, exclude=set(ports))) & set(ports)
+
+
+def test_tf_output_server_needs_the_job_token():
+    import socket
+
+    from dist_dl.launch.protocol import DriverSink, encode_control
+    from dist_dl.launch.tfdist import _DriverChannel, _OutputServer
+
+    failures = []
+    sink = DriverSink("all")
+    server = _OutputServer("127.0.0.1", sink, on_failure=lambda: failures.append(1))
+    try:
+        with socket.create_connection(server.address) as intruder:
+            intruder.sendall(b"guess\n0\n" + encode_control("error", 0, type="X",
+                                                              message="forged").encode())
+            assert intruder.recv(10) == b""  # dropped without a reply
+        channel = _DriverChannel(server.address, server.token, rank=1)
+        assert channel.go
+        channel.send("[1]<stdout>:hello\n")
+        channel.send(encode_control("exit", 1, code=3))
+        channel.close()
+        # The same rank again (Spark retrying the barrier stage) is told not to run.
+        again = _DriverChannel(server.address, server.token, rank=1)
+        assert not again.go
+        again.close()
+    finally:
+        server.close()
+    assert sink.first("error") is None
+    assert server.first_failed == (1, 3) and failures == [1]
+    assert list(sink.tails[1]) == ["[1]<stdout>:hello"]
+
+
+def test_engine_choice():
+    try:
+        import horovod.tensorflow  # noqa: F401
+        expected = "horovod"
+    except Exception:
+        expected = "tensorflow"
+    assert auto_engine() == expected
+    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        select_backend(-2, engine="mpi")
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,13 @@ import subprocess
 import time
 
 
+def _rank() -> int:
+    # Either engine: Horovod's variables or tf.distribute's TF_CONFIG.
+    from dist_dl.launch.device import process_rank
+
+    return process_rank()
+
+
 def allreduce_known(values_per_rank: int = 5):
     """Each rank contributes (rank+1) * [1, 10, 100, ...]; returns every rank's
     (rank, size, result of the sum) gathered on rank 0."""
@@ -49,7 +56,7 @@ def fail_on_rank(fail_rank: int, pid_file: str, message: str, use_horovod: bool 
     """Every rank records its pid and a child's; ``fail_rank`` raises, the
     others wait (in an allreduce when ``use_horovod``)."""
     child = subprocess.Popen(["sleep", "600"])
-    rank = int(os.environ["HOROVOD_RANK"])
+    rank = _rank()
     with open(f"{pid_file}.{rank}", "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
     if use_horovod:
@@ -69,7 +76,7 @@ def fail_on_rank(fail_rank: int, pid_file: str, message: str, use_horovod: bool 
 
 
 def kill_self_on_rank(kill_rank: int):
-    if int(os.environ["HOROVOD_RANK"]) == kill_rank:
+    if _rank() == kill_rank:
         print("about to die", flush=True)
         time.sleep(0.5)  # the rank-prefixing thread forwards the line meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
@@ -83,7 +90,7 @@ def sleep_forever():
 def talk(message: str):
     from dist_dl import log_to_driver
 
-    rank = int(os.environ["HOROVOD_RANK"])
+    rank = _rank()
     print(f"plain stdout line from {rank}", flush=True)
     log_to_driver(f"{message} from rank {rank}")
     return rank
@@ -137,3 +144,65 @@ def leave_a_thread_and_an_exit_handler(marker_dir: str):
     atexit.register(mark)
     threading.Thread(target=time.sleep, args=(600,), daemon=False).start()
     return int(rank)
+
+
+def _gather_rows(strategy, row):
+    """Every worker's ``row`` (a 1-D array), on every worker: an all-reduce
+    (sum) of a table in which each worker fills only its own row."""
+    import numpy as np
+    import tensorflow as tf
+
+    rank = strategy.cluster_resolver.task_id
+    table = np.zeros((strategy.num_replicas_in_sync, len(row)))
+    table[rank] = row
+    values = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(table))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()
+
+
+def tf_allreduce_known(values_per_rank: int = 5):
+    """tf.distribute's counterpart of ``allreduce_known``: each worker
+    contributes (rank+1) * [1, 10, ...] through MultiWorkerMirroredStrategy;
+    returns every worker's (rank, size, sum)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from dist_dl.launch import multi_worker_strategy
+
+    strategy = multi_worker_strategy()
+    rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+    base = np.array([10.0 ** i for i in range(values_per_rank)])
+    values = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(base * (rank + 1)))
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()
+    rows = _gather_rows(strategy, summed)
+    return [(r, size, rows[r].tolist()) for r in range(size)]
+
+
+def tf_fit_steps(steps: int = 2):
+    """A Keras fit of ``steps`` steps under MultiWorkerMirroredStrategy, each
+    worker on its own data; returns every worker's final weights flattened
+    (identical only if the strategy synchronised them)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from dist_dl.launch import multi_worker_strategy
+
+    strategy = multi_worker_strategy()
+    rank = strategy.cluster_resolver.task_id
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(8 * steps, 4)).astype("float32")
+    y = rng.integers(0, 3, 8 * steps)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    options = tf.data.Options()
+    # Each worker reads its own data: no sharding by the strategy.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)),
+                                     tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(3)])
+        model.compile(tf.keras.optimizers.SGD(0.1),
+                      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data.with_options(options), epochs=1, verbose=0)
+    flat = np.concatenate([w.ravel() for w in model.get_weights()])
+    return _gather_rows(strategy, flat).tolist()

@@ -1,7 +1,10 @@
 """Launching workers: driver-side runner and backends, plus ``worker``, the
 code every worker runs around the user's function."""
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError
-from dist_dl.launch.runner import HorovodRunner
+from dist_dl.launch.backend import auto_engine
+from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner
+from dist_dl.launch.tfdist import multi_worker_strategy
 from dist_dl.launch.worker import log_to_driver
 
-__all__ = ["HorovodRunner", "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots"]
+__all__ = ["HorovodRunner", "TFDistributeRunner", "multi_worker_strategy", "auto_engine",
+           "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots"]

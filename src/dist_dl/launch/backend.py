@@ -11,11 +11,11 @@ from typing import Any, Callable, Protocol
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
 
-__all__ = ["Backend", "select_backend", "databricks_runner_available"]
+__all__ = ["Backend", "select_backend", "auto_engine", "databricks_runner_available", "ENGINES"]
 
 
 class Backend(Protocol):
-    """Starts ``num_proc`` workers that form one Horovod job."""
+    """Starts ``num_proc`` workers that form one job (Horovod, or tf.distribute)."""
 
     name: str
 
@@ -39,9 +39,36 @@ def databricks_runner_available() -> bool:
         return False
 
 
-def select_backend(np: int, spark=None) -> Backend:
-    """``np < 0``: processes on this machine. ``np > 0``: Spark tasks, through
-    Databricks' own HorovodRunner where it exists, else Horovod's Spark runner."""
+ENGINES = ("horovod", "tensorflow")
+
+
+def auto_engine() -> str:
+    """``"horovod"`` where ``horovod.tensorflow`` imports, else
+    ``"tensorflow"`` (tf.distribute's MultiWorkerMirroredStrategy): Horovod
+    is missing from Databricks Runtime 16.0 ML and later."""
+    try:
+        import horovod.tensorflow  # noqa: F401
+    except Exception:  # ImportError, or a Horovod built against another TensorFlow
+        return "tensorflow"
+    return "horovod"
+
+
+def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
+    """``np < 0``: processes on this machine. ``np > 0``: Spark tasks; for
+    Horovod through Databricks' own HorovodRunner where it exists, else
+    Horovod's Spark runner; for ``engine="tensorflow"`` a barrier stage.
+
+    Args:
+        engine: ``"horovod"``, ``"tensorflow"`` or ``"auto"`` (:func:`auto_engine`).
+    """
+    if engine == "auto":
+        engine = auto_engine()
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES} or 'auto', got {engine!r}")
+    if engine == "tensorflow":
+        from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend
+
+        return TFLocalBackend() if np < 0 else TFSparkBackend(spark)
     if np < 0:
         from dist_dl.launch.local import LocalBackend
 

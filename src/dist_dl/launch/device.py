@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "Place", "launcher_place", "horovod_if_initialized", "process_rank",
+__all__ = ["DevicePlan", "Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
+           "process_rank", "TASK_GPUS_VAR",
            "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
@@ -37,6 +39,10 @@ LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
 
 
+# GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
+# (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
+TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
+
 # Where a launcher puts a worker's place in the job before hvd.init():
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
 # create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
@@ -58,19 +64,44 @@ class Place:
 
 def launcher_place(environ) -> Place | None:
     """This worker's place as its launcher set it in ``environ`` (Horovod's
-    variables, else Open MPI's), or None if neither set rank and local rank."""
+    variables, else Open MPI's, else tf.distribute's ``TF_CONFIG``), or None
+    if none of them set it."""
     for rank, local_rank, local_size in _PLACE_VARIABLES:
         if rank in environ and local_rank in environ:
             local = int(environ[local_rank])
             return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
-    return None
+    return tf_config_place(environ.get("TF_CONFIG"))
+
+
+def tf_config_place(tf_config: str | None) -> Place | None:
+    """The place of a tf.distribute worker, from its ``TF_CONFIG`` (JSON:
+    ``cluster.worker`` lists every worker's ``host:port``, ``task.index`` is
+    this one's): its rank is its index, its local rank and size count the
+    workers on the same host. None without a worker task in it."""
+    if not tf_config:
+        return None
+    import json
+
+    try:
+        config = json.loads(tf_config)
+        workers = list(config["cluster"]["worker"])
+        index = int(config["task"]["index"])
+        if config["task"].get("type", "worker") != "worker" or not 0 <= index < len(workers):
+            return None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    hosts = [address.rsplit(":", 1)[0] for address in workers]
+    same = [i for i, host in enumerate(hosts) if host == hosts[index]]
+    return Place(index, same.index(index), len(same))
 
 
 def horovod_if_initialized():
     """``horovod.tensorflow`` once ``hvd.init()`` has run in this process, else None."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
+    # Only if something imported it already: a process that never did (a
+    # tf.distribute worker, where Horovod may not even build) has not
+    # initialised it, and must not pay for (or fail on) the import.
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
         return None
     try:
         return hvd if hvd.is_initialized() else None
@@ -124,7 +155,8 @@ def visible_gpus() -> list[str]:
 
 
 def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count: int,
-                 threads: int | None = None, pin_cpus: bool = False) -> DevicePlan:
+                 threads: int | None = None, pin_cpus: bool = False,
+                 own_gpus: bool = False) -> DevicePlan:
     """Plan one worker's devices.
 
     Args:
@@ -134,6 +166,9 @@ def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count
         cpu_count: Cores usable on the host.
         threads: CPU threads per worker; None shares the cores evenly.
         pin_cpus: Pin each worker to its own share of the cores.
+        own_gpus: ``gpus`` are this worker's alone (Spark's GPU scheduling gave
+            them to its task), not the host's: it takes the first of them,
+            whatever its local rank.
 
     Raises:
         ValueError: More workers on a host than GPUs, or bad counts.
@@ -154,7 +189,10 @@ def plan_devices(local_rank: int, local_size: int, *, gpus: list[str], cpu_count
         "TF_NUM_INTEROP_THREADS": str(min(2, threads)),
     }
     gpu = None
-    if gpus:
+    if gpus and own_gpus:
+        gpu = gpus[0]
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    elif gpus:
         if local_size > len(gpus):
             raise ValueError(
                 f"{local_size} workers on this host but only {len(gpus)} GPU(s) ({','.join(gpus)}): "

@@ -45,9 +45,13 @@ class NotEnoughSlots(RuntimeError):
     """The cluster cannot run ``np`` Spark tasks at once."""
 
 
-# Errors that survivors raise because a peer died: not the cause.
+# Errors that survivors raise because a peer died: not the cause. Horovod and
+# Gloo; tf.distribute's collectives (gRPC status UNAVAILABLE, an aborted
+# collective group).
 _COLLATERAL = re.compile(r"HorovodInternalError|Horovod has been shut ?down|"
-                         r"[Cc]onnection (closed|reset) by peer|Broken pipe|Gloo|gloo", re.S)
+                         r"[Cc]onnection (closed|reset) by peer|Broken pipe|Gloo|gloo|"
+                         r"UnavailableError|Collective ops is aborted|Socket closed|"
+                         r"failed to connect to all addresses", re.S)
 
 
 def _collateral(record: dict) -> bool:
@@ -76,7 +80,7 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
     if expired is not None:
         return JobTimeout(
             f"rank {expired['rank']} was still running after the job's timeout of "
-            f"{expired['seconds']:g} s, so every worker was stopped. Raise HorovodRunner(timeout=...) "
+            f"{expired['seconds']:g} s, so every worker was stopped. Raise the runner's timeout= "
             "if the job needs longer, or look for a worker stuck waiting on its peers.")
     records = {r["rank"]: r for r in sink.records[::-1] if r["kind"] == "error"}
     if first_failed is not None and first_failed[0] in records:

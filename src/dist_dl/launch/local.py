@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,10 +19,11 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.launch.errors import JobTimeout, failure_from
+from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "run_processes"]
 
 
 def _loopback_interface() -> str:
@@ -78,98 +76,48 @@ class LocalBackend:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
-        workdir = tempfile.mkdtemp(prefix=f"dist_dl-{options.job_id}-")
-        payload, result = os.path.join(workdir, "payload.pkl"), os.path.join(workdir, "result.pkl")
-        with open(payload, "wb") as f:
-            cloudpickle.dump((options, fn, kwargs), f)
         slots = get_host_assignments(parse_hosts(f"localhost:{num_proc}"), num_proc)
         rendezvous = _Rendezvous(slots)
-        base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{
-            k: str(v) for k, v in create_run_env_vars(
-                "127.0.0.1", [_loopback_interface()], rendezvous.port).items()})
-        procs: list[subprocess.Popen] = []
-        readers: list[threading.Thread] = []
-        first_failed = None
-        expired = False
         try:
-            for slot in slots:
-                env = {**base_env, **create_slot_env_vars(slot)}
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "dist_dl.launch._worker_main", payload, result],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                    start_new_session=True)
-                procs.append(proc)
-                for pipe in (proc.stdout, proc.stderr):
-                    reader = threading.Thread(target=_forward, args=(pipe, sink), daemon=True)
-                    reader.start()
-                    readers.append(reader)
-            deadline = time.monotonic() + options.timeout + self.grace if options.timeout else None
-            while True:
-                codes = [p.poll() for p in procs]
-                failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
-                    first_failed = failed[0]
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    expired = True
-                    break
-                time.sleep(0.05)
+            base_env = dict(os.environ, **{
+                k: str(v) for k, v in create_run_env_vars(
+                    "127.0.0.1", [_loopback_interface()], rendezvous.port).items()})
+            envs = [{**base_env, **create_slot_env_vars(slot)} for slot in slots]
+            return run_processes(fn, kwargs, envs, options, sink, self.grace)
         finally:
-            _stop(procs)
-            for reader in readers:
-                reader.join(5)
-            sink.close()
             rendezvous.stop()
-        try:
-            if expired:
-                raise JobTimeout(
-                    f"the job did not finish within its timeout of {options.timeout:g} s "
-                    f"(+{self.grace:g} s grace) and its workers did not stop themselves; "
-                    "they were killed")
-            if first_failed is not None:
-                raise failure_from(sink, first_failed, options.timeout)
-            with open(result, "rb") as f:
-                return cloudpickle.load(f)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _forward(pipe, sink: DriverSink) -> None:
-    with pipe:
-        while True:
-            chunk = pipe.read1(65536)
-            if not chunk:
-                return
-            sink.feed(chunk.decode(errors="replace"))
+def run_processes(fn: Callable[..., Any], kwargs: dict, envs: list[dict], options: WorkerOptions,
+                  sink: DriverSink, grace: float) -> Any:
+    """Run one worker process per environment in ``envs`` (rank = position)
+    and return rank 0's result; the part of a local launch every engine shares.
 
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """End every worker and everything it started (its whole process group)."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        alive = False
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, sig)
-                alive = True
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not alive:
-            return
-        end = time.monotonic() + wait
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        if not any(_group_alive(p.pid) for p in procs):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
+    Raises:
+        JobTimeout: the workers outlived ``options.timeout`` + ``grace``.
+        WorkerError: a worker raised or died (see ``failure_from``).
+    """
+    workdir = tempfile.mkdtemp(prefix=f"dist_dl-{options.job_id}-")
+    payload, result = os.path.join(workdir, "payload.pkl"), os.path.join(workdir, "result.pkl")
     try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        with open(payload, "wb") as f:
+            cloudpickle.dump((options, fn, kwargs), f)
+        workers = WorkerProcesses(sink.feed)
+        try:
+            for env in envs:
+                workers.start(payload, result, env)
+            deadline = time.monotonic() + options.timeout + grace if options.timeout else None
+            first_failed, expired = workers.wait(deadline)
+        finally:
+            workers.stop()
+            sink.close()
+        if expired:
+            raise JobTimeout(
+                f"the job did not finish within its timeout of {options.timeout:g} s "
+                f"(+{grace:g} s grace) and its workers did not stop themselves; they were killed")
+        if first_failed is not None:
+            raise failure_from(sink, first_failed, options.timeout)
+        with open(result, "rb") as f:
+            return cloudpickle.load(f)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

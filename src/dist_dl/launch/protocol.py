@@ -1,7 +1,8 @@
 """The one channel from workers to the driver: their stdout and stderr.
 
-Both backends already carry each worker's output to the driver (local: our own
-pipes; Spark: Horovod's task service streams it back). Workers prefix every
+Every backend already carries each worker's output to the driver (local: our
+own pipes; Spark with Horovod: its task service streams it back; Spark with
+tf.distribute: each barrier task's connection to the driver, ``tfdist.py``). Workers prefix every
 line with their rank and send structured records (``log_to_driver`` messages,
 errors, timeouts) as control lines in the same stream, so the driver needs no
 second connection into the cluster.

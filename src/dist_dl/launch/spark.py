@@ -63,7 +63,7 @@ def cluster_nics(spark) -> set[str] | None:
     return None
 
 
-def check_slots(spark, num_proc: int, wait: float) -> int:
+def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner") -> int:
     """Wait up to ``wait`` seconds for ``num_proc`` task slots; return the count.
 
     Horovod on Spark needs all its tasks running at once; with fewer slots its
@@ -78,7 +78,7 @@ def check_slots(spark, num_proc: int, wait: float) -> int:
         if time.monotonic() >= deadline:
             master = spark.sparkContext.master
             raise NotEnoughSlots(
-                f"HorovodRunner(np={num_proc}) needs {num_proc} Spark tasks running at the same "
+                f"{runner}(np={num_proc}) needs {num_proc} Spark tasks running at the same "
                 f"time, but the cluster ({master}) has {slots} task slot(s) now "
                 f"(executor cores / spark.task.cpus). Use np <= {slots}, add workers or cores, "
                 f"or run on the driver machine with np=-{num_proc}.")

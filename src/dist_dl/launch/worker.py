@@ -38,6 +38,8 @@ class WorkerOptions:
         capture_output: Route output to the driver through the protocol. Off
             when another launcher (Databricks' HorovodRunner) carries the logs.
         env: Extra environment variables for the worker.
+        engine: ``"horovod"`` or ``"tensorflow"`` (tf.distribute): which
+            engine's settings the worker gets.
     """
 
     job_id: str
@@ -46,6 +48,7 @@ class WorkerOptions:
     pin_cpus: bool = False
     capture_output: bool = True
     env: dict = field(default_factory=dict)
+    engine: str = "horovod"
 
 
 _capture: "_OutputCapture | None" = None
@@ -131,17 +134,21 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     time once, in ``hvd.init()``).
     """
     os.environ.update(options.env)
-    for name in device.horovod_env_fixes(os.environ):
-        del os.environ[name]
-    check_gloo_host_address(os.environ)
-    gpus = device.visible_gpus()
-    # CPU workers: 5 ms unless the job or the environment set a cycle time
-    # (the training worker raises it for large models, see device.py).
-    device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env, gpus=gpus)
+    task_gpus = [g for g in os.environ.get(device.TASK_GPUS_VAR, "").split(",") if g]
+    gpus = task_gpus or device.visible_gpus()
+    if options.engine == "horovod":
+        for name in device.horovod_env_fixes(os.environ):
+            del os.environ[name]
+        check_gloo_host_address(os.environ)
+        # CPU workers: 5 ms unless the job or the environment set a cycle time
+        # (the training worker raises it for large models, see device.py).
+        device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env,
+                                  gpus=gpus)
     place = _place()
     plan = device.plan_devices(place.local_rank, place.local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
-                               threads=options.threads_per_worker, pin_cpus=options.pin_cpus)
+                               threads=options.threads_per_worker, pin_cpus=options.pin_cpus,
+                               own_gpus=bool(task_gpus))
     for name, value in plan.env.items():
         # A value the user set explicitly for the job wins over the plan.
         if name not in options.env:
@@ -331,6 +338,7 @@ def main(argv: list[str]) -> int:
     import cloudpickle
 
     payload_path, result_path = argv
+    _watch_parent()
     with open(payload_path, "rb") as f:
         options, fn, kwargs = cloudpickle.load(f)
     try:
@@ -343,3 +351,19 @@ def main(argv: list[str]) -> int:
             cloudpickle.dump(result, f)
         os.replace(tmp, result_path)
     return 0
+
+
+def _watch_parent(every: float = 0.5) -> None:
+    """End this worker, and what it started, when the process that started it
+    is gone: a Spark task killed on cancellation (PySpark's daemon kills the
+    Python worker with SIGKILL) or a driver killed outright cannot stop its
+    workers itself, and they run in process groups of their own."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        _end_children(wait=1.0)
+        os._exit(TIMEOUT_EXIT_CODE + 1)
+
+    threading.Thread(target=watch, daemon=True, name="dist_dl-parent-watch").start()

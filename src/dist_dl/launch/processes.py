@@ -1,0 +1,110 @@
+"""Worker processes of one job, started and ended together: shared by every
+engine's local backend (Horovod, tf.distribute) and by the Spark task that
+hosts a tf.distribute worker.
+
+Each worker runs ``python -m dist_dl.launch._worker_main PAYLOAD RESULT`` in
+its own process group, so that nothing it starts outlives the job; its stdout
+and stderr are read line by line and handed to ``feed``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+__all__ = ["WorkerProcesses"]
+
+
+class WorkerProcesses:
+    """The worker processes of one job on this machine.
+
+    Args:
+        feed: Receives each complete line (text, with its newline) a worker
+            writes to stdout or stderr; called from one reader thread per stream.
+    """
+
+    def __init__(self, feed: Callable[[str], None]):
+        self._feed = feed
+        self.procs: list[subprocess.Popen] = []
+        self._readers: list[threading.Thread] = []
+
+    def start(self, payload: str, result: str, env: dict) -> subprocess.Popen:
+        """Start one worker (rank = the order of ``start`` calls)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dist_dl.launch._worker_main", payload, result],
+            env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            reader = threading.Thread(target=self._forward, args=(pipe,), daemon=True,
+                                      name="dist_dl-forward")
+            reader.start()
+            self._readers.append(reader)
+        return proc
+
+    def _forward(self, pipe) -> None:
+        # Whole lines: a Spark task sends them on over one connection from
+        # two reader threads, where partial lines would interleave.
+        with pipe:
+            for line in pipe:
+                self._feed(line.decode(errors="replace"))
+
+    def wait(self, deadline: float | None,
+             stop: Callable[[], bool] = lambda: False) -> tuple[tuple[int, int] | None, bool]:
+        """Wait until every worker exited 0, one failed, ``deadline``
+        (``time.monotonic()``) passed, or ``stop()`` is true.
+
+        Returns:
+            ((rank, exit code) of the first failed worker or None, whether the
+            deadline passed).
+        """
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                return failed[0], False
+            if all(c == 0 for c in codes) or stop():
+                return None, False
+            if deadline is not None and time.monotonic() > deadline:
+                return None, True
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End every worker and everything it started; wait for their output."""
+        _stop(self.procs)
+        for reader in self._readers:
+            reader.join(5)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """End every worker and everything it started (its whole process group)."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        alive = False
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)
+                alive = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not alive:
+            return
+        end = time.monotonic() + wait
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        if not any(_group_alive(p.pid) for p in procs):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
