@@ -36,3 +36,13 @@ def test_tracking_uris_of_local_stores_become_absolute(tmp_path, monkeypatch):
                  "sqlite:///x.db", "http://mlflow:5000", None):
         assert absolute_tracking_uri(kept) == kept
     assert os.path.isabs(absolute_tracking_uri("/abs/mlruns")[len("file://"):])
+
+
+@pytest.mark.timeout(30)
+def test_store_folder_of_each_kind_of_mlflow_store(tmp_path):
+    from dist_dl.tracking.target import store_folder
+
+    assert store_folder((tmp_path / "mlruns").as_uri()) == (tmp_path / "mlruns").as_uri()
+    assert store_folder(f"sqlite:///{tmp_path}/mlflow.db") == str(tmp_path)
+    assert store_folder("sqlite:///runs/mlflow.db") == os.path.abspath("runs")
+    assert store_folder("databricks") is None and store_folder("http://tracking:5000") is None

@@ -12,6 +12,7 @@ to ``mlflow.start_run(experiment_id=...)``.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from dist_dl.locations import file_url
 
@@ -44,7 +45,8 @@ def store_folder(uri: str | None) -> str | None:
     if uri.startswith("file:"):
         return uri
     if uri.startswith("sqlite:///"):
-        return os.path.dirname(uri[len("sqlite://"):]) or None
+        # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db.
+        return os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
     return None
 
 
