@@ -208,12 +208,10 @@ def test_signed_resume_after_a_crash_takes_the_latest_complete_checkpoint(tmp_pa
     stop a signed resume: the latest complete, verified checkpoint loads."""
     import shutil
 
-    import dist_dl.train.checkpoint as ckpt_module
-
     manager = CheckpointManager(tmp_path, key=KEY)
     model = _model(seed=1)
     _fit(model, epochs=1)
-    good = manager.save(model, 1)
+    manager.save(model, 1)
     expected = model.get_weights()
     (tmp_path / ".tmp-ckpt-000002-crashed").mkdir()
     half = manager.save(model, 2)
