@@ -30,7 +30,16 @@ and where ``train_ensemble``'s CPU went: the JVM, the Python workers (and of
 that, the members' fits alone, from the ``member_<i>_fit_seconds`` it logs)
 and this driver process.
 
+Each round runs the three setups at every member size of ``--trees`` (two
+sizes by default: small members show the fixed cost per call, large ones
+amortise it). At the end the speed-ups, the ceilings and the Spark run's
+share of the ceiling per size go into ``benchmarks/results.json``
+(``ensemble_*`` keys; ``ensemble_vs_ceiling`` and ``ensemble_speedup`` at
+the size furthest from the ceiling), the PNG beside it is redrawn, and both
+are logged to MLflow (``--tracking-uri``).
+
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/ensemble.py [--models 4] [--rows 200000]
+      [--trees 90,200]
 """
 from __future__ import annotations
 
@@ -210,19 +219,73 @@ def _cpu_by_role(sampler, start: float, end: float) -> dict:
     return roles
 
 
+def _size_report(trees, rows, phases, cpus, fit_seconds):
+    """Print one member size's medians; return its per-round speed-ups and
+    ceilings (the runs of one round ran back to back, so ratios are per round)."""
+    order = ("sequential", "spark", "2 processes")
+    walls = {}
+    print(f"\n-- {trees} trees per member --")
+    for name in order:
+        times = [w for _, n, w, _ in rows if n == name]
+        utils = [u for _, n, _, u in rows if n == name]
+        walls[name] = times
+        print(f"{name:11s} median {statistics.median(times):6.1f} s (range {min(times):.1f}-"
+              f"{max(times):.1f}), machine CPU {min(utils):.2f}-{max(utils):.2f} s/s")
+    for name in order:
+        values = fit_seconds[name]
+        print(f"  one member's fit alone, {name}: median {statistics.median(values):.2f} s "
+              f"(range {min(values):.2f}-{max(values):.2f})")
+    for phase in phases[0]:
+        values = [p.get(phase, float("nan")) for p in phases]
+        print(f"  spark phase '{phase}': median {statistics.median(values):.1f} s "
+              f"(range {min(values):.1f}-{max(values):.1f})")
+    for role in cpus[0]:
+        values = [c[role] for c in cpus]
+        print(f"  spark CPU seconds, {role}: median {statistics.median(values):.1f} "
+              f"(range {min(values):.1f}-{max(values):.1f})")
+    rest = [w - sum(p.values()) for w, p in zip(walls["spark"], phases)]
+    print(f"  spark outside its jobs (driver: plan, MLflow run and model): median "
+          f"{statistics.median(rest):.1f} s (range {min(rest):.1f}-{max(rest):.1f})")
+    # Fixed cost against the ceiling: what the Spark run takes beyond the
+    # same fits in two plain processes, in the same round.
+    extra = [s - t for s, t in zip(walls["spark"], walls["2 processes"])]
+    print(f"  spark beyond the ceiling's wall: median {statistics.median(extra):.1f} s "
+          f"(range {min(extra):.1f}-{max(extra):.1f})")
+    speed = [s / p for s, p in zip(walls["sequential"], walls["spark"])]
+    ceiling = [s / t for s, t in zip(walls["sequential"], walls["2 processes"])]
+    print(f"speed-up of spark over sequential: median of rounds {statistics.median(speed):.2f}x "
+          f"(per round {', '.join(f'{v:.2f}' for v in speed)})")
+    print(f"machine ceiling (2 processes over sequential): median of rounds "
+          f"{statistics.median(ceiling):.2f}x "
+          f"(per round {', '.join(f'{v:.2f}' for v in ceiling)})")
+    print(f"spark / ceiling: median of rounds "
+          f"{statistics.median([a / b for a, b in zip(speed, ceiling)]):.2f}")
+    return speed, ceiling
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=4)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--features", type=int, default=40)
-    parser.add_argument("--trees", type=int, default=40)
+    parser.add_argument("--trees", default="90,200",
+                        help="trees per member: one size, or sizes separated by commas, each "
+                             "run in every round (default 90,200)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-load", type=float, default=2.5,
                         help="wait before a round while the 1-minute load average is above this")
     parser.add_argument("--max-wait", type=float, default=1800,
                         help="seconds to wait for a quiet machine before a round runs anyway")
+    parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
+                        help="results file the ensemble keys are merged into ('' for none); "
+                             "its PNG is redrawn beside it")
+    parser.add_argument("--tracking-uri", default=(Path(__file__).resolve().parents[1] / "runs"
+                                                   / "mlruns").as_uri(),
+                        help="MLflow store the results file and PNG are logged to")
     args = parser.parse_args(argv)
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    sizes = [int(t) for t in str(args.trees).split(",") if t.strip()]
+    command = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    print("command: " + command, flush=True)
 
     import numpy as np
     import pandas as pd
@@ -246,11 +309,11 @@ def main(argv=None):
     del pdf, x, y
 
     spark = get_spark("local[2]")
-    factory = make_factory(args.trees)
+    factories = {trees: make_factory(trees) for trees in sizes}
     uri = (work / "mlruns").as_uri()
     out = str(work / "out")  # where the members' files go, until MLflow has them
 
-    def spark_run(seed):
+    def spark_run(factory, seed):
         df = spark.read.parquet(path)
         return train_ensemble(df, factory, num_models=args.models, feature_cols=cols,
                               label_col="label", validation_fraction=VALIDATION_FRACTION,
@@ -263,8 +326,8 @@ def main(argv=None):
         # quiet machine takes longer, so this runs again before every round:
         # the other setups run in processes that stay warm.
         small = spark.read.parquet(path).limit(2000)
-        train_ensemble(small, factory, num_models=2, feature_cols=cols, label_col="label",
-                       output_dir=out, tracking_uri=uri)
+        train_ensemble(small, factories[sizes[0]], num_models=2, feature_cols=cols,
+                       label_col="label", output_dir=out, tracking_uri=uri)
 
     warm_up()
 
@@ -277,13 +340,18 @@ def main(argv=None):
     # warmed before timing, as Spark's Python workers are.
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
     list(pool.map(_warm_worker, range(2)))
-    shipped = _Shipped(cloudpickle.dumps(factory))
+    shipped = {trees: _Shipped(cloudpickle.dumps(f)) for trees, f in factories.items()}
 
     from mlflow.tracking import MlflowClient
 
     from dist_dl.bench import CpuSampler
 
-    rows, phases, starts, cpus, fit_seconds = [], [], [], [], {}
+    # Per member size: (round, setup, wall, machine CPU) rows, phases, CPU by role, fits.
+    rows = {t: [] for t in sizes}
+    phases = {t: [] for t in sizes}
+    cpus = {t: [] for t in sizes}
+    fit_seconds = {t: {} for t in sizes}
+    starts = []
     order = ("sequential", "spark", "2 processes")
     for r in range(args.rounds):
         load, others, quiet = wait_for_quiet(args.max_load, args.max_wait)
@@ -291,76 +359,84 @@ def main(argv=None):
         warm_up()
         print(f"round {r}: load {load:.1f}, others {others:.2f} CPU s/s"
               f"{'' if quiet else ' (BUSY: waited the maximum, ran anyway)'}", flush=True)
-        for name in order[r % 3:] + order[:r % 3]:
-            if name == "spark":
-                since = time.time() * 1000
-                driver0 = time.process_time()
-                with CpuSampler(interval=0.5) as sampler:
-                    start = time.perf_counter()
-                    wall, util, ens = _measure(lambda: spark_run(r))
-                    end = time.perf_counter()
-                cpu = _cpu_by_role(sampler, start, end)
-                # This process: the driver's work and the sampler's own reads.
-                cpu["driver"] = time.process_time() - driver0
-                metrics = MlflowClient(tracking_uri=uri).get_run(ens.run_id).data.metrics
-                fits = [metrics[f"member_{i}_fit_seconds"] for i in range(args.models)]
-                cpu["member fits"] = sum(fits)
-                cpus.append(cpu)
-                members, vote = ens.member_scores, ens.score
-                phases.append(_phase_seconds(spark.sparkContext, since))
-                note = (", ".join(f"{k} {v:.1f} s" for k, v in phases[-1].items())
-                        + "; CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
-            else:
-                run = sequential if name == "sequential" else (
-                    lambda *a: two_processes(pool, *a))
-                fac = factory if name == "sequential" else shipped
-                wall, util, (members, vote, fits) = _measure(
-                    lambda: run(path, fac, args.models, cols, r))
-                note = ""
-            fit_seconds.setdefault(name, []).extend(fits)
-            note = f"fits {min(fits):.1f}-{max(fits):.1f} s; " + note
-            rows.append((r, name, wall, util))
-            print(f"  {name:11s} {wall:6.1f} s  machine CPU {util:4.2f} s/s  load "
-                  f"{os.getloadavg()[0]:4.1f}  vote {vote:.3f}, members {min(members):.3f}.."
-                  f"{max(members):.3f}  {note}", flush=True)
+        for trees in sizes:
+            factory = factories[trees]
+            for name in order[r % 3:] + order[:r % 3]:
+                if name == "spark":
+                    since = time.time() * 1000
+                    driver0 = time.process_time()
+                    with CpuSampler(interval=0.5) as sampler:
+                        start = time.perf_counter()
+                        wall, util, ens = _measure(lambda: spark_run(factory, r))
+                        end = time.perf_counter()
+                    cpu = _cpu_by_role(sampler, start, end)
+                    # This process: the driver's work and the sampler's own reads.
+                    cpu["driver"] = time.process_time() - driver0
+                    metrics = MlflowClient(tracking_uri=uri).get_run(ens.run_id).data.metrics
+                    fits = [metrics[f"member_{i}_fit_seconds"] for i in range(args.models)]
+                    cpu["member fits"] = sum(fits)
+                    cpus[trees].append(cpu)
+                    members, vote = ens.member_scores, ens.score
+                    phases[trees].append(_phase_seconds(spark.sparkContext, since))
+                    note = (", ".join(f"{k} {v:.1f} s" for k, v in phases[trees][-1].items())
+                            + "; CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+                else:
+                    run = sequential if name == "sequential" else (
+                        lambda *a: two_processes(pool, *a))
+                    fac = factory if name == "sequential" else shipped[trees]
+                    wall, util, (members, vote, fits) = _measure(
+                        lambda: run(path, fac, args.models, cols, r))
+                    note = ""
+                fit_seconds[trees].setdefault(name, []).extend(fits)
+                note = f"fits {min(fits):.1f}-{max(fits):.1f} s; " + note
+                rows[trees].append((r, name, wall, util))
+                print(f"  {trees:4d} trees {name:11s} {wall:6.1f} s  machine CPU {util:4.2f} s/s"
+                      f"  load {os.getloadavg()[0]:4.1f}  vote {vote:.3f}, members "
+                      f"{min(members):.3f}..{max(members):.3f}  {note}", flush=True)
     pool.shutdown()
 
-    print(f"\n{args.models} forests x {args.trees} trees, {args.rows} rows x {args.features} "
-          f"features, {args.rounds} rounds; load average at round starts "
+    print(f"\n{args.models} forests x {','.join(map(str, sizes))} trees, {args.rows} rows x "
+          f"{args.features} features, {args.rounds} rounds; load average at round starts "
           f"{min(s[0] for s in starts):.1f}-{max(s[0] for s in starts):.1f}, others' CPU "
           f"{min(s[1] for s in starts):.2f}-{max(s[1] for s in starts):.2f} s/s"
           f"{', some rounds BUSY' if not all(s[2] for s in starts) else ''}")
-    walls = {}
-    for name in order:
-        times = [w for _, n, w, _ in rows if n == name]
-        utils = [u for _, n, _, u in rows if n == name]
-        walls[name] = times
-        print(f"{name:11s} median {statistics.median(times):6.1f} s (range {min(times):.1f}-"
-              f"{max(times):.1f}), machine CPU {min(utils):.2f}-{max(utils):.2f} s/s")
-    for name in order:
-        values = fit_seconds[name]
-        print(f"  one member's fit alone, {name}: median {statistics.median(values):.2f} s "
-              f"(range {min(values):.2f}-{max(values):.2f})")
-    for phase in phases[0]:
-        values = [p.get(phase, float("nan")) for p in phases]
-        print(f"  spark phase '{phase}': median {statistics.median(values):.1f} s "
-              f"(range {min(values):.1f}-{max(values):.1f})")
-    for role in cpus[0]:
-        values = [c[role] for c in cpus]
-        print(f"  spark CPU seconds, {role}: median {statistics.median(values):.1f} "
-              f"(range {min(values):.1f}-{max(values):.1f})")
-    rest = [w - sum(p.values()) for w, p in zip(walls["spark"], phases)]
-    print(f"  spark outside its jobs (driver: plan, MLflow run and model): median "
-          f"{statistics.median(rest):.1f} s (range {min(rest):.1f}-{max(rest):.1f})")
-    # Per round: the runs of one round ran back to back.
-    speed = [s / p for s, p in zip(walls["sequential"], walls["spark"])]
-    ceiling = [s / t for s, t in zip(walls["sequential"], walls["2 processes"])]
-    print(f"speed-up of spark over sequential: median of rounds {statistics.median(speed):.2f}x "
-          f"(per round {', '.join(f'{v:.2f}' for v in speed)})")
-    print(f"machine ceiling (2 processes over sequential): median of rounds "
-          f"{statistics.median(ceiling):.2f}x "
-          f"(per round {', '.join(f'{v:.2f}' for v in ceiling)})")
-    print(f"spark / ceiling: {statistics.median(speed) / statistics.median(ceiling):.2f}")
+    ratios = {t: _size_report(t, rows[t], phases[t], cpus[t], fit_seconds[t]) for t in sizes}
+    if args.results:
+        _publish(args, command, sizes, ratios, starts)
+
+
+def _publish(args, command, sizes, ratios, starts):
+    """Merge this run's keys into the results file (both member sizes; the
+    headline keys at the size where the Spark run is furthest from the
+    ceiling) and log it with its PNG to MLflow."""
+    from dist_dl.bench import GOALS, publish_results, result_entry
+
+    extra = {"models": args.models, "rows": args.rows,
+             "load_at_round_starts": [round(s[0], 2) for s in starts]}
+    entries, of_ceiling = {}, {}
+    for trees in sizes:
+        speed, ceiling = ratios[trees]
+        of_ceiling[trees] = [a / b for a, b in zip(speed, ceiling)]
+        entries[f"ensemble_speedup.{trees}_trees"] = result_entry(
+            speed, command=command, trees=trees, **extra)
+        entries[f"ensemble_ceiling.{trees}_trees"] = result_entry(
+            ceiling, command=command, trees=trees, **extra)
+        entries[f"ensemble_vs_ceiling.{trees}_trees"] = result_entry(
+            of_ceiling[trees], command=command, goal=GOALS["ensemble_vs_ceiling"],
+            trees=trees, **extra)
+    worst = min(sizes, key=lambda t: statistics.median(of_ceiling[t]))
+    entries["ensemble_vs_ceiling"] = result_entry(
+        of_ceiling[worst], command=command, goal=GOALS["ensemble_vs_ceiling"], trees=worst,
+        note=f"the lower of the member sizes {sizes}: {worst} trees", **extra)
+    entries["ensemble_speedup"] = result_entry(
+        ratios[worst][0], command=command, goal=GOALS["ensemble_speedup"], trees=worst,
+        note=f"at {worst} trees (the size furthest from the ceiling)", **extra)
+    published = publish_results(args.results, entries, log=bool(args.tracking_uri),
+                                tracking_uri=args.tracking_uri or None,
+                                experiment="dist_dl benchmarks", run_name="ensemble",
+                                own_prefixes=("ensemble_",))
+    print(f"results: {published['results']}, {published['png']}; MLflow run "
+          f"{published['run_id']} ({args.tracking_uri})")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches per window")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--results", default=os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "results.json"),
+        help="results file reader_ratio is merged into ('' for none)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -143,6 +146,14 @@ def main(argv=None):
             f"{name}_cpu_per_s": round(med(name + "_cpu"), 2),
         })
     print(json.dumps(summary, indent=1))
+    if args.results:
+        from dist_dl.bench import GOALS, publish_results, result_entry
+
+        published = publish_results(args.results, {"reader_ratio": result_entry(
+            [r["ratio"] for r in rounds], goal=GOALS["reader_ratio"],
+            reader_images_per_second=summary["reader_img_s"],
+            baseline_images_per_second=summary["baseline_img_s"])})
+        print(f"results: {published['results']}, {published['png']}")
     return summary
 
 

@@ -1,6 +1,7 @@
 """Overhead and scaling of train_distributed, and the levers, side by side.
 
     PYTHONPATH=src .venv/bin/python benchmarks/train.py [--rounds 3] [--steps 20] [--quick]
+        [--mixed-precision auto|on|off] [--no-peer] [--no-reader-check]
 
 Runs dist_dl.bench.run_benchmark (see its docstring for the setups) for
 ResNet50 on 64x64 synthetic images, batch 32 per worker, two workers, with
@@ -17,8 +18,22 @@ these levers as extra distributed setups, each against the same ceiling:
 - spark: the workers as Spark tasks on local[2] (horovod.spark.run) instead
   of processes.
 
+Every round also runs the peer (Horovod's own Keras recipe launched with
+``horovod.spark.run`` on ``local[<workers>]``, or the active Spark session)
+and one worker's reader alone on the same shards (is training input-bound?).
+
+The same command runs unchanged on a GPU machine: each worker gets the GPU
+of its local rank, ``--mixed-precision auto`` computes in float16 there,
+Horovod uses NCCL for GPU tensors when it was built with it
+(``HOROVOD_GPU_OPERATIONS=NCCL`` at ``pip install horovod``; the report says
+whether it was), and the table gives images/s per device as Horovod's
+synthetic benchmark does.
+
 Prints a table and writes the full record to benchmarks/train-<time>.json
-(not committed); benchmarks/RESULTS.md holds the figures.
+(not committed); the headline ratios are merged into benchmarks/results.json
+(committed, with benchmarks/results.png drawn from it) and logged with the
+PNG to MLflow (``--tracking-uri``, default runs/mlruns);
+benchmarks/RESULTS.md holds the figures.
 """
 from __future__ import annotations
 
@@ -26,9 +41,12 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from dist_dl.bench import run_benchmark
 from dist_dl.config import BenchConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 LEVERS = {
     "batch64": {"batch_size": 64, "learning_rate": 0.025},
@@ -51,30 +69,47 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="workers of the scaled setups (on a GPU machine: its GPUs)")
     parser.add_argument("--levers", default="batch64,fp16,cycle1,bpps2,pinned,spark",
                         help=f"comma-separated subset of {', '.join(LEVERS)} (or 'none')")
+    parser.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"),
+                        help="auto: float16 compute on GPUs, float32 on CPUs")
+    parser.add_argument("--no-peer", dest="peer", action="store_false",
+                        help="leave out Horovod's own recipe on Spark")
+    parser.add_argument("--no-reader-check", dest="reader_check", action="store_false",
+                        help="leave out the reader alone")
+    parser.add_argument("--results", default=os.path.join(HERE, "results.json"),
+                        help="results file the headline ratios are merged into ('' for none)")
+    parser.add_argument("--tracking-uri",
+                        default=Path(HERE).parent.joinpath("runs", "mlruns").as_uri(),
+                        help="MLflow store the results file and its PNG are logged to")
     parser.add_argument("--quick", action="store_true",
-                        help="small_cnn at 16 px, 3 steps, 1 round: checks the script runs")
+                        help="small_cnn at 16 px, 3 steps, 1 round: checks the script runs "
+                             "(writes no results file)")
     args = parser.parse_args(argv)
     chosen = [] if args.levers == "none" else args.levers.split(",")
     unknown = sorted(set(chosen) - set(LEVERS))
     if unknown:
         parser.error(f"unknown levers {unknown}; choose from {', '.join(LEVERS)}")
-    cfg = BenchConfig(model=args.model, image_size=64, batch_size=32, workers=2,
+    cfg = BenchConfig(model=args.model, image_size=64, batch_size=32, workers=args.workers,
                       steps=args.steps, warmup_steps=args.warmup_steps, rounds=args.rounds,
-                      threads_per_worker=1,
-                      output=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                          f"train-{time.strftime('%Y%m%d-%H%M%S')}.json"))
+                      threads_per_worker=1, mixed_precision=args.mixed_precision,
+                      peer=args.peer, reader_check=args.reader_check,
+                      results=args.results or None,
+                      output=os.path.join(HERE, f"train-{time.strftime('%Y%m%d-%H%M%S')}.json"))
     if args.quick:
         cfg = BenchConfig(model="small_cnn", image_size=16, steps=3, warmup_steps=1, rounds=1,
-                          output=None)
+                          peer=args.peer, reader_check=args.reader_check, output=None)
     spark = None
     if "spark" in chosen:
         from dist_dl.session import get_spark
 
-        spark = get_spark("local[2]")
+        spark = get_spark(f"local[{args.workers}]")
     print(f"load average before: {os.getloadavg()}")
-    run_benchmark(cfg, spark=spark, variants={name: LEVERS[name] for name in chosen})
+    run_benchmark(cfg, spark=spark, variants={name: LEVERS[name] for name in chosen},
+                  log_to_mlflow=bool(args.tracking_uri), tracking_uri=args.tracking_uri or None,
+                  experiment="dist_dl benchmarks")
     print(f"load average after: {os.getloadavg()}")
     if cfg.output:
         print(f"full record: {cfg.output}")

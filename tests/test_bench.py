@@ -1,12 +1,17 @@
-"""The benchmark's clock and its side-by-side runner (tiny settings: the
-figures themselves come from benchmarks/train.py on a quiet machine)."""
+"""The benchmark's clock, its side-by-side runner, the peer and the shared
+results file (tiny settings: the figures themselves come from
+benchmarks/train.py on a quiet machine; nothing here asserts a speed)."""
+import json
+import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from dist_dl.bench import CpuSampler, run_benchmark, thread_split
+from dist_dl.bench import (CpuSampler, input_verdict, merge_results, plot_results,
+                           publish_results, result_entry, run_benchmark, thread_split)
 from dist_dl.config import BenchConfig
 from dist_dl.train.timing import StepTimes
 
@@ -24,22 +29,145 @@ def test_step_times_leave_out_the_warmup_steps():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_every_setup_runs_and_ratios_are_per_round(tmp_path):
+@pytest.mark.timeout(1500)  # 12 minutes measured at load average 12
+def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
+    """One tiny round of every setup, the peer (Horovod's recipe through
+    horovod.spark.run) and the reader alone included, into a results file."""
     lines = []
+    results = tmp_path / "bench" / "results.json"
+    results.parent.mkdir()
+    results.write_text(json.dumps({"reader_ratio": result_entry([0.9], command="earlier run",
+                                                                goal=0.8)}))
     report = run_benchmark(BenchConfig(model="small_cnn", image_size=16, steps=3, warmup_steps=1,
-                                       rounds=1, output=str(tmp_path / "bench.json")),
-                           variants={"fp16": {"fp16_allreduce": True}}, out=lines.append)
+                                       rounds=1, output=str(tmp_path / "bench.json"),
+                                       results=str(results)),
+                           spark=spark, variants={"fp16": {"fp16_allreduce": True}},
+                           out=lines.append, log_to_mlflow=True,
+                           tracking_uri=(tmp_path / "mlruns").as_uri(), command="the test")
     setups = report["setups"]
-    assert set(setups) == {"plain_1", "dist_1", "ceiling", "dist", "fp16"}
+    assert set(setups) == {"plain_1", "dist_1", "ceiling", "dist", "peer", "reader_alone",
+                           "fp16"}
     assert all(v["images_per_second"][0] > 0 for v in setups.values())
-    assert report["ratios"]["scaling"] == [setups["dist"]["images_per_second"][0]
-                                           / setups["ceiling"]["images_per_second"][0]]
-    assert report["ratios"]["overhead"] == [setups["dist_1"]["images_per_second"][0]
-                                            / setups["plain_1"]["images_per_second"][0]]
+
+    def rate(name):
+        return setups[name]["images_per_second"][0]
+
+    assert report["ratios"]["scaling"] == [rate("dist") / rate("ceiling")]
+    assert report["ratios"]["overhead"] == [rate("dist_1") / rate("plain_1")]
+    assert report["ratios"]["scaling_vs_peer"] == [rate("dist") / rate("peer")]
+    assert report["ratios"]["input_headroom"] == [rate("reader_alone") / (rate("dist") / 2)]
+    assert setups["peer"]["devices"] == 2 and setups["reader_alone"]["devices"] == 1
+    # The peer ran Horovod on both Spark tasks.
+    assert report["horovod"]["size"] == 2
     assert all(len(v["threads"]) == 1 for v in setups.values())
     assert any("dist / ceiling: median" in line for line in lines)
+    assert any("dist / peer: median" in line for line in lines)
+    assert any(line.startswith("dist: Img/sec per device:") for line in lines)
+    assert any(line.startswith("input: ") for line in lines)
     assert (tmp_path / "bench.json").exists()
+
+    written = json.loads(results.read_text())
+    for key in ("overhead", "scaling", "scaling_vs_peer", "input_headroom",
+                "images_per_second.peer"):
+        assert written[key]["command"] == "the test" and written[key]["rounds"]
+    assert written["scaling_vs_peer"]["value"] == report["ratios"]["scaling_vs_peer"][0]
+    assert written["reader_ratio"]["command"] == "earlier run"  # another benchmark's key: kept
+    assert (tmp_path / "bench" / "results.png").stat().st_size > 0
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    [run] = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"results.json",
+                                                                        "results.png"}
+    assert run.data.metrics["scaling_vs_peer"] == written["scaling_vs_peer"]["value"]
+
+
+def test_results_file_merges_only_its_own_keys(tmp_path):
+    path = tmp_path / "results.json"
+    first = {"scaling": result_entry([0.7, 0.8, 0.75], command="train", goal=0.85),
+             "images_per_second.cycle5": result_entry([40.0], command="train")}
+    merge_results(str(path), first, own_prefixes=("images_per_second.",))
+    ensemble = {"ensemble_vs_ceiling": result_entry([0.8, 0.9], command="ensemble", goal=0.9)}
+    merge_results(str(path), ensemble, own_prefixes=("ensemble_",))
+    again = {"scaling": result_entry([0.6], command="train 2", goal=0.85),
+             "images_per_second.dist": result_entry([50.0], command="train 2")}
+    merged = merge_results(str(path), again, own_prefixes=("images_per_second.",))
+    assert merged == json.loads(path.read_text())
+    # Its own keys replaced (the lever not in this run dropped), the others' kept.
+    assert set(merged) == {"scaling", "images_per_second.dist", "ensemble_vs_ceiling"}
+    assert merged["scaling"]["value"] == 0.6 and merged["scaling"]["command"] == "train 2"
+    assert merged["ensemble_vs_ceiling"]["value"] == pytest.approx(0.85)
+    entry = merged["ensemble_vs_ceiling"]
+    assert {"value", "command", "date", "machine", "rounds"} <= set(entry)
+    assert "cores" in entry["machine"] and entry["date"].endswith("Z")
+    assert os.listdir(tmp_path) == ["results.json"]  # no temporary file left
+
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="results.json is not valid JSON.*fix or remove it"):
+        merge_results(str(path), again)
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_merges_keep_every_key(tmp_path):
+    path = str(tmp_path / "results.json")
+    errors = []
+
+    def write(i):
+        try:
+            for j in range(5):
+                merge_results(path, {f"k{i}.{j}": result_entry([float(j)], command=str(i))})
+        except Exception as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert set(json.loads(open(path).read())) == {f"k{i}.{j}" for i in range(4) for j in range(5)}
+
+
+@pytest.mark.timeout(120)
+def test_png_and_mlflow_artifacts_of_the_results(tmp_path):
+    import matplotlib.image
+
+    entries = {"scaling_vs_peer": result_entry([0.9, 1.1, 1.05], command="x", goal=1.0),
+               "input_headroom": result_entry([12.0, 15.0], command="x", goal=1.0),
+               "images_per_second.dist": result_entry([50.0, 55.0], command="x", devices=2),
+               "images_per_second.reader_alone": result_entry([900.0], command="x")}
+    png = plot_results(entries, str(tmp_path / "only.png"))
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert width > height > 200  # two panels side by side
+    published = publish_results(str(tmp_path / "results.json"), entries, log=True,
+                                tracking_uri=(tmp_path / "mlruns").as_uri(),
+                                experiment="benchmarks", run_name="bench")
+    assert published["png"] == str(tmp_path / "results.png")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    run = client.get_run(published["run_id"])
+    assert run.data.metrics["input_headroom"] == 13.5
+    assert run.data.tags["commands"] == "x"
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"results.json",
+                                                                        "results.png"}
+    # A file with no images/s (the ensemble's keys alone) still draws.
+    plot_results({"ensemble_vs_ceiling": entries["scaling_vs_peer"]}, str(tmp_path / "e.png"))
+    assert (tmp_path / "e.png").stat().st_size > 0
+
+
+def test_input_verdict_says_by_how_much_and_what_to_change():
+    short = input_verdict(30.0, 40.0, reader_threads=2, rows_per_row_group=32)
+    assert short["input_bound"] and short["headroom"] == 0.75
+    assert "INPUT-BOUND" in short["message"] and "25% short" in short["message"]
+    for change in ("train.cache_dir", "train.reader_threads, now 2", "now 32 rows"):
+        assert change in short["message"]
+    cached = input_verdict(30.0, 40.0, reader_threads=4, rows_per_row_group=None, cached=True)
+    assert "train.cache_dir" not in cached["message"]
+    narrow = input_verdict(50.0, 40.0, reader_threads=2, rows_per_row_group=32)
+    assert not narrow["input_bound"] and "keeps up, narrowly" in narrow["message"]
+    plenty = input_verdict(400.0, 40.0, reader_threads=2, rows_per_row_group=32)
+    assert "not input-bound" in plenty["message"] and "10.0x" in plenty["message"]
 
 
 BUSY_CHILD = """

@@ -112,7 +112,15 @@ class BenchConfig:
             reported: shared machines are noisy).
         threads_per_worker: TensorFlow threads of each worker.
         fp16_allreduce: Compress gradients to float16 in the scaled setup.
-        output: JSON file the results are written to (optional).
+        mixed_precision: ``"auto"`` (float16 compute on GPUs, float32 on
+            CPUs), ``"on"`` or ``"off"``, in every setup.
+        peer: Also run the peer: Horovod's own Keras recipe, launched with
+            ``horovod.spark.run`` on the same Spark (``dist / peer``).
+        reader_check: Also time one worker's reader alone on the same shards
+            (is training input-bound?).
+        output: JSON file the full record is written to (optional).
+        results: Shared results file the headline ratios are merged into,
+            with a PNG beside it (e.g. ``benchmarks/results.json``; optional).
     """
 
     model: str = setting("resnet50", nonempty=True)
@@ -124,7 +132,11 @@ class BenchConfig:
     rounds: int = setting(3, low=1)
     threads_per_worker: int = setting(1, low=1)
     fp16_allreduce: bool = setting(False)
+    mixed_precision: str = setting("auto", choices=("auto", "on", "off"))
+    peer: bool = setting(True)
+    reader_check: bool = setting(True)
     output: str | None = setting(None)
+    results: str | None = setting(None)
 
 
 @dataclasses.dataclass(frozen=True)

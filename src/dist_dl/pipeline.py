@@ -294,7 +294,9 @@ def bench(config: PipelineConfig, *, master: str | None = None, spark=None) -> d
     from dist_dl.bench import run_benchmark
 
     return run_benchmark(config.bench, spark=spark if spark is not None or master is None
-                         else _spark(master))
+                         else _spark(master),
+                         log_to_mlflow=config.bench.results is not None,
+                         tracking_uri=_tracking_uri(config), experiment=config.tracking.experiment)
 
 
 def _sklearn_frame(spark, source: str, label_col: str):

@@ -41,7 +41,9 @@ def stall_timeout(sc) -> float:
     Raises:
         ValueError: the setting is not a number >= 0.
     """
-    raw = sc.getConf().get(STALL_TIMEOUT_KEY, str(_DEFAULT_TIMEOUT))
+    # The context's live SparkConf, one key: getConf() copies every entry,
+    # one Py4J call each (about 100 per call of this function, on every job).
+    raw = sc._conf.get(STALL_TIMEOUT_KEY, str(_DEFAULT_TIMEOUT))
     try:
         value = float(str(raw).rstrip("s"))
     except ValueError:

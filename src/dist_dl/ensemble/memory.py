@@ -36,7 +36,9 @@ def estimate_partition_memory(rows: int, num_features: int, *, memory_factor: fl
 
 def task_memory(spark) -> tuple[int, str]:
     """Memory one Python task may use, and where that figure comes from."""
-    conf = spark.sparkContext.getConf()
+    # The context's live SparkConf: getConf() would copy every entry, one
+    # Py4J call each (about 100 per train_ensemble call, measured).
+    conf = spark.sparkContext._conf
     cores = int(conf.get("spark.executor.cores", "1") or 1)
     pyspark_mem = conf.get("spark.executor.pyspark.memory", None)
     if pyspark_mem:
