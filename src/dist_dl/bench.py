@@ -35,6 +35,7 @@ import statistics
 import tempfile
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.config import BenchConfig
 from dist_dl.locations import file_url
 from dist_dl.train.config import TrainConfig
@@ -154,13 +155,13 @@ class StepRecorder:
         self.prefix = prefix
 
     def __call__(self) -> list:
-        import tensorflow as tf
+        keras = compat.keras()
 
         from dist_dl.train.timing import StepTimes
 
         prefix = self.prefix
 
-        class Recorder(tf.keras.callbacks.Callback):
+        class Recorder(keras.callbacks.Callback):
             def __init__(self):
                 super().__init__()
                 self.times = StepTimes()
@@ -179,12 +180,12 @@ class StepRecorder:
 def _plain_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecorder) -> None:
     """One independent process: the worker's model, optimizer, loss and
     reader, without Horovod."""
-    import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.read import ReaderConfig, make_dataset
     from dist_dl.train.models import build_model
 
-    tf.keras.utils.set_random_seed(config.seed)
+    keras.utils.set_random_seed(config.seed)
     reader = ReaderConfig(image_size=config.image_size, flip=config.flip,
                           area_range=(config.min_crop_area, 1.0),
                           shuffle_buffer=config.shuffle_buffer,
@@ -192,8 +193,8 @@ def _plain_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecor
     data = make_dataset(files, 0, 1, config.batch_size, training=config.augment,
                         shuffle=config.shuffle, config=reader, with_weights=True)
     model = build_model(config.model, (config.image_size, config.image_size, 3), 10)
-    model.compile(tf.keras.optimizers.SGD(config.learning_rate, momentum=config.momentum),
-                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    model.compile(keras.optimizers.SGD(config.learning_rate, momentum=config.momentum),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=["accuracy"])
     model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=recorder(), verbose=0)
 
@@ -273,7 +274,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                 prefix = os.path.join(scratch, f"t{next(counter)}")
                 with CpuSampler() as sampler:
                     HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
-                                  pin_cpus=pin).run(_plain_fit, files=files, config=config,
+                                  pin_cpus=pin, driver_log_verbosity="log_callback_only").run(_plain_fit, files=files, config=config,
                                                     steps=steps, recorder=StepRecorder(prefix))
                 return _measure(prefix, ranks, config.batch_size, cfg.warmup_steps,
                                 False) + (sampler, ranks)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from dist_dl import compat
 from dist_dl.launch.errors import JobTimeout, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
@@ -84,7 +85,8 @@ class LocalBackend:
             cloudpickle.dump((options, fn, kwargs), f)
         slots = get_host_assignments(parse_hosts(f"localhost:{num_proc}"), num_proc)
         rendezvous = _Rendezvous(slots)
-        base_env = dict(os.environ, PYTHONUNBUFFERED="1", **{
+        # Keras 2 as tf.keras from the start (the payload may import TensorFlow), unless set.
+        base_env = dict({**compat.worker_env(), **os.environ}, PYTHONUNBUFFERED="1", **{
             k: str(v) for k, v in create_run_env_vars(
                 "127.0.0.1", [_loopback_interface()], rendezvous.port).items()})
         procs: list[subprocess.Popen] = []
