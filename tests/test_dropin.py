@@ -38,7 +38,8 @@ def test_databricks_mnist_example_trains_with_horovod_callbacks(tmp_path, capsys
         f"checkpoint-{e}.weights.h5" for e in (1, 2, 3)]
 
 
-@pytest.mark.timeout(300)
+# Spark tasks, Petastorm and two Horovod workers: 210-300 s at load 10-20.
+@pytest.mark.timeout(480)
 def test_databricks_petastorm_converter_example_on_spark_tasks(spark, tmp_path):
     from petastorm.spark import SparkDatasetConverter, make_spark_converter
     from sklearn.datasets import load_digits
@@ -80,7 +81,9 @@ print(type(model).__module__.split(".")[0])
 """
 
 
-@pytest.mark.timeout(120)
+# Two processes import TensorFlow, one after the other (each up to a minute on
+# a loaded 2-core machine).
+@pytest.mark.timeout(300)
 def test_tensorflow_lazy_modules_pickle_by_name(tmp_path):
     """A captured ``from tensorflow import keras`` reaches a worker by name
     and is that worker's tf.keras (Keras 2 there where Keras 3 is the default)."""
@@ -89,10 +92,10 @@ def test_tensorflow_lazy_modules_pickle_by_name(tmp_path):
     import sys
 
     shipped = subprocess.run([sys.executable, "-c", _NOTEBOOK_TOP], capture_output=True,
-                             timeout=100, check=True).stdout
+                             timeout=140, check=True).stdout
     env = dict(os.environ, **compat.worker_env())
     worker = subprocess.run([sys.executable, "-c", _WORKER], input=shipped, capture_output=True,
-                            timeout=100, env=env)
+                            timeout=140, env=env)
     assert worker.returncode == 0, worker.stderr.decode()[-3000:]
     expected = "tf_keras" if compat.keras3_default() else "keras"
     assert worker.stdout.decode().split()[-1] == expected

@@ -273,9 +273,10 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             def run():
                 prefix = os.path.join(scratch, f"t{next(counter)}")
                 with CpuSampler() as sampler:
-                    HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
-                                  pin_cpus=pin, driver_log_verbosity="log_callback_only").run(_plain_fit, files=files, config=config,
-                                                    steps=steps, recorder=StepRecorder(prefix))
+                    runner = HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
+                                           pin_cpus=pin, driver_log_verbosity="log_callback_only")
+                    runner.run(_plain_fit, files=files, config=config, steps=steps,
+                               recorder=StepRecorder(prefix))
                 return _measure(prefix, ranks, config.batch_size, cfg.warmup_steps,
                                 False) + (sampler, ranks)
             return run

@@ -28,6 +28,7 @@ initialises its devices.
 from __future__ import annotations
 
 from typing import Sequence
+
 from dist_dl import compat
 
 __all__ = ["split_model", "split_cpu"]
