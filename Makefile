@@ -4,15 +4,41 @@
 #   make wheel  build dist/dist_dl-<version>-py3-none-any.whl (what `dist-dl jobs deploy --wheel` uploads)
 #   make test-fast   the same without the tests marked slow (over a minute each)
 # A second run reuses .venv (the stamp below) and starts in seconds.
+# PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
+# (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml.
 
-PYTHON ?= python3
-VENV   := .venv
+PYTHON  ?= python3
+PROFILE ?=
+ifeq ($(PROFILE),)
+VENV        := .venv
+CONSTRAINTS := constraints.txt
+# horovod.spark.run is the Spark backend off Databricks; [spark] brings its pins.
+HOROVOD     := 'horovod[spark]'
+EXTRAS      := local,delta,samples,dev
+BUILD_FIRST := tensorflow-cpu
+NO_DEPS     :=
+else ifeq ($(PROFILE),dbr-15.4-ml)
+VENV        := .venv-dbr-15.4-ml
+CONSTRAINTS := constraints/dbr-15.4-ml.txt
+# The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11), and with it the
+# `local` extra: its parts are installed by name.
+HOROVOD     := horovod
+EXTRAS      := delta,samples,dev
+BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
+# tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
+NO_DEPS     := tf-keras
+else
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml)
+endif
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # Horovod is built from source: TensorFlow and Gloo only (no MPI, no GPU here;
-# a Databricks GPU runtime ships its own build with NCCL).
-HOROVOD_FLAGS := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+# a Databricks GPU runtime ships its own build with NCCL). Its setup.py runs the
+# first `cmake` on PATH: the environment's bin comes first, so the pinned cmake
+# builds it on any machine (cmake 4 would stop at Gloo's cmake_minimum_required).
+HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+                 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
@@ -20,13 +46,18 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): constraints.txt setup.py
+$(STAMP): $(CONSTRAINTS) setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
-	$(PIP) install --quiet -c constraints.txt tensorflow-cpu cmake setuptools
-	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-build-isolation -c constraints.txt 'horovod[spark]'
-	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[local,delta,samples,dev]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) cmake setuptools
+	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
+	# The build log says which cmake ran (the line starting "cmake version").
+	$(HOROVOD_FLAGS) sh -c 'command -v cmake && cmake --version | head -1'
+	# --no-cache-dir: pip's wheel cache is shared by every environment of the machine
+	# and knows nothing of the TensorFlow a cached Horovod was built against.
+	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD)
+	$(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
 	touch $(STAMP)
 

@@ -1,7 +1,10 @@
 """dist_dl: distributed deep learning on Spark (Horovod, Petastorm, MLflow).
 
 Ranges here are what the library needs; the exact versions known to work
-together are pinned in constraints.txt. TensorFlow, Horovod and PySpark are not
+together are pinned in constraints.txt (the default profile) and
+constraints/dbr-15.4-ml.txt (Databricks Runtime 15.4 LTS ML: TensorFlow 2.16
+with tf-keras, which is installed by the Makefile: its metadata requires the
+full `tensorflow`, not tensorflow-cpu). TensorFlow, Horovod and PySpark are not
 hard requirements: a Databricks ML runtime ships its own (GPU) builds, and a
 pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
 """
@@ -32,7 +35,9 @@ setup(
     ],
     extras_require={
         # What a machine without a Databricks runtime needs; horovod must be
-        # built with Gloo (see the Makefile for the flags).
+        # built with Gloo (see the Makefile for the flags). The dbr-15.4-ml
+        # profile installs these by name instead: its pyarrow 14 rules out
+        # horovod[spark].
         "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod[spark]==0.28.1"],
         "delta": ["deltalake>=1.0"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo

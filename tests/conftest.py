@@ -16,7 +16,24 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+# The test modules CI also runs on the dbr-15.4-ml profile, as marker
+# `profile_subset` (`-m profile_subset`; the README says why these): the
+# launcher, the drop-in, data, training, ensembles, scoring and the notebooks,
+# where the code meets TensorFlow, Keras, Horovod, Petastorm, pyarrow, pandas
+# and MLflow, whose versions the profile changes.
+PROFILE_SUBSET = frozenset({
+    "test_launcher", "test_dropin", "test_lazy", "test_read", "test_train", "test_schedule",
+    "test_checkpoint", "test_tracking", "test_ensemble", "test_scoring", "test_notebooks",
+    "test_jobs",
+})
+
+
+# tryfirst: the marker must be on the items before `-m` selects them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in PROFILE_SUBSET:
+            item.add_marker(pytest.mark.profile_subset)
     # One SparkContext per process: tests on the standalone cluster replace the
     # local session, so they run last and the local ones share one session.
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)

@@ -9,6 +9,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
+from dist_dl import compat
 from dist_dl.train.checkpoint import (CheckpointCallback, CheckpointManager,
                                       CorruptCheckpointWarning, UntrustedCheckpoint, resume)
 
@@ -24,19 +25,19 @@ def _data(seed: int = 0, rows: int = 64):
 
 
 def _model(seed: int, learning_rate: float = 0.01):
-    import tensorflow as tf
+    keras = compat.keras()
 
-    tf.keras.utils.set_random_seed(seed)
-    model = tf.keras.Sequential([
-        tf.keras.Input((8, 8, 1)),
-        tf.keras.layers.Conv2D(4, 3, activation="relu"),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(3),
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3),
     ])
     # Adam: its slots and its iteration count (bias correction) must both be
     # restored for a resumed run to match.
-    model.compile(tf.keras.optimizers.Adam(learning_rate),
-                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(keras.optimizers.Adam(learning_rate),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
@@ -69,10 +70,10 @@ def test_round_trip_restores_weights_and_optimizer_slots(tmp_path):
                  [v.numpy() for v in fresh.optimizer.variables], rtol=0, atol=0)
 
     # Model only (for scoring or fine-tuning), into a model never compiled.
-    import tensorflow as tf
+    keras = compat.keras()
 
-    tf.keras.utils.set_random_seed(5)
-    bare = tf.keras.models.clone_model(model)
+    keras.utils.set_random_seed(5)
+    bare = keras.models.clone_model(model)
     assert manager.restore(bare, include_optimizer=False).epoch == 1
     _assert_same(model.get_weights(), bare.get_weights(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="compile it first"):
@@ -254,12 +255,12 @@ def test_interrupted_write_is_ignored_and_cleaned_up(tmp_path, monkeypatch):
 
 
 def test_restore_into_a_different_model_names_the_problem(tmp_path):
-    import tensorflow as tf
+    keras = compat.keras()
 
     manager = CheckpointManager(tmp_path)
     manager.save(_model(seed=1), 1)
     other = _model(seed=1)
-    other.compile(tf.keras.optimizers.SGD(0.1), "mse")  # other optimizer, other slots
+    other.compile(keras.optimizers.SGD(0.1), "mse")  # other optimizer, other slots
     with pytest.raises(ValueError, match="does not match"):
         manager.restore(other)
 
@@ -305,14 +306,14 @@ def _horovod_train(directory: str, epochs: int, seed: int, reference_epochs: int
     weights of an uninterrupted, uncheckpointed run of that many epochs."""
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
+    keras = compat.keras()
 
     hvd.init()
 
     def train(epochs, manager=None):
         model = _model(seed=seed + hvd.rank())  # different initial weights per rank on purpose
-        model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)),
-                      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         # resume() broadcasts rank 0's state before the first step, also
         # when there is no checkpoint (the reference run: an empty folder).
         initial_epoch = resume(manager or CheckpointManager(f"{directory}-empty"), model)

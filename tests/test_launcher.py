@@ -188,7 +188,8 @@ def test_more_processes_than_slots_fails_fast(spark, engine):
 @engines
 @pytest.mark.timeout(120)
 def test_log_to_driver_only(capsys, engine):
-    assert RUNNERS[engine](np=-2).run(workers.talk, message="hello") == 0
+    runner = RUNNERS[engine](np=-2, driver_log_verbosity="log_callback_only")
+    assert runner.run(workers.talk, message="hello") == 0
     out = capsys.readouterr().out
     assert "[0] hello from rank 0" in out and "[1] hello from rank 1" in out
     assert "plain stdout line" not in out
@@ -403,7 +404,7 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
             sys.modules.pop(name, None)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                      "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_RANK",
-                     "DIST_DL_DEFAULT_CYCLE_TIME"):
+                     "DIST_DL_DEFAULT_CYCLE_TIME", "TF_USE_LEGACY_KERAS"):
             os.environ.pop(name, None)
     monkeypatch.undo()  # sparkdl off sys.path again
     assert not isinstance(select_backend(4), DatabricksBackend)

@@ -14,21 +14,25 @@ from pathlib import Path
 
 import pytest
 
+from dist_dl import compat
+
 _CHECK = r'''
 import json
 import numpy as np
+from dist_dl import compat
 from dist_dl.model_parallel import split_cpu, split_model
 
 devices = split_cpu(2)  # before anything else touches TensorFlow
 import tensorflow as tf
+keras = compat.keras()
 
-tf.keras.utils.set_random_seed(0)
-model = tf.keras.Sequential([
-    tf.keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(32, activation="tanh"),
-    tf.keras.layers.Dense(16, activation="relu"),
-    tf.keras.layers.Dense(3),
+keras.utils.set_random_seed(0)
+model = keras.Sequential([
+    keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 1)),
+    keras.layers.Flatten(),
+    keras.layers.Dense(32, activation="tanh"),
+    keras.layers.Dense(16, activation="relu"),
+    keras.layers.Dense(3),
 ])
 split = split_model(model, devices)
 x = tf.random.normal((6, 8, 8, 1))
@@ -58,8 +62,8 @@ with tf.device(devices[0]):
         act = layer(act)
 
 # One step of fit on both models (same optimizer): same weights after.
-model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
-split.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+split.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
 model.fit(x, y, batch_size=6, epochs=1, verbose=0, shuffle=False)
 split.fit(x, y, batch_size=6, epochs=1, verbose=0, shuffle=False)
 
@@ -106,16 +110,16 @@ def test_split_model_on_two_logical_cpus_matches_unsplit():
 
 
 def test_split_model_rejects_what_it_cannot_split():
-    import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.model_parallel import split_model
 
-    inp = tf.keras.Input((4,))
-    a, b = tf.keras.layers.Dense(2)(inp), tf.keras.layers.Dense(2)(inp)
-    branched = tf.keras.Model(inp, tf.keras.layers.Add()([a, b]))
+    inp = keras.Input((4,))
+    a, b = keras.layers.Dense(2)(inp), keras.layers.Dense(2)(inp)
+    branched = keras.Model(inp, keras.layers.Add()([a, b]))
     with pytest.raises(ValueError, match="chain of layers"):
         split_model(branched, ["/CPU:0"])
-    seq = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    seq = keras.Sequential([keras.layers.Dense(2, input_shape=(4,))])
     with pytest.raises(ValueError, match="does not exist here"):
         split_model(seq, ["/GPU:7"])
     with pytest.raises(ValueError, match="cannot fill 2 devices"):

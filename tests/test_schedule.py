@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dist_dl import compat
 from dist_dl.train.schedule import WarmupScaledSchedule
 
 
@@ -24,16 +25,17 @@ def test_no_warmup_and_one_worker():
 
 def test_drives_a_keras_optimizer_and_round_trips_its_config():
     import tensorflow as tf
+    keras = compat.keras()
 
     schedule = WarmupScaledSchedule(0.01, 2, steps_per_epoch=4, warmup_epochs=1)
-    optimizer = tf.keras.optimizers.SGD(schedule)
+    optimizer = keras.optimizers.SGD(schedule)
     var = tf.Variable(1.0)
     for _ in range(2):
         optimizer.apply_gradients([(tf.constant(1.0), var)])
     # Steps 0 and 1: 0.01 and 0.0125.
     assert float(var.numpy()) == pytest.approx(1.0 - 0.01 - 0.0125, rel=1e-6)
     assert int(optimizer.iterations.numpy()) == 2  # what checkpoints restore: the curve continues
-    clone = tf.keras.optimizers.schedules.deserialize(tf.keras.optimizers.schedules.serialize(schedule))
+    clone = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
     assert clone.get_config() == schedule.get_config()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dist_dl import compat
 from dist_dl.score import score_dataframe
 from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
@@ -29,16 +30,16 @@ def _jpegs(count: int):
 
 @pytest.fixture(scope="module")
 def logged_model(tmp_path_factory):
-    import tensorflow as tf
+    keras = compat.keras()
 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri((tmp_path_factory.mktemp("mlflow") / "mlruns").as_uri())
-    tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input(SPEC.input_shape),
-        tf.keras.layers.Conv2D(4, 3, activation="relu"),
-        tf.keras.layers.GlobalAveragePooling2D(),
-        tf.keras.layers.Dense(10),
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input(SPEC.input_shape),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
     ])
     try:
         # The model reads column "image"; the DataFrame below calls it "jpeg".

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dist_dl import compat
 from dist_dl.tracking import (ImagePreprocessing, KerasImageClassifier, MlflowEpochLogger,
                               decode_images, log_epoch_metrics, log_keras_classifier, log_params,
                               log_tensorboard)
@@ -33,18 +34,18 @@ def digit_jpegs(count: int = 40):
 
 
 def small_classifier(softmax: bool = False):
-    import tensorflow as tf
+    keras = compat.keras()
 
-    tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input(SPEC.input_shape),
-        tf.keras.layers.Conv2D(8, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(10, activation="softmax" if softmax else None),
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input(SPEC.input_shape),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(10, activation="softmax" if softmax else None),
     ])
-    model.compile(tf.keras.optimizers.Adam(0.01),
-                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax))
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax))
     return model
 
 
@@ -227,10 +228,10 @@ def test_tensorboard_logs_become_artifacts(tracking):
     model = small_classifier()
     blobs, labels = digit_jpegs(10)
     log_dir = tracking / "tb"
-    import tensorflow as tf
+    keras = compat.keras()
 
     model.fit(decode_images(blobs, SPEC), labels, epochs=1, batch_size=10, verbose=0,
-              callbacks=[tf.keras.callbacks.TensorBoard(str(log_dir))])
+              callbacks=[keras.callbacks.TensorBoard(str(log_dir))])
     with mlflow.start_run() as run:
         assert log_tensorboard(log_dir) >= 1
         with pytest.raises(ValueError, match="not a directory"):

@@ -206,3 +206,23 @@ def tf_fit_steps(steps: int = 2):
     model.fit(data.with_options(options), epochs=1, verbose=0)
     flat = np.concatenate([w.ravel() for w in model.get_weights()])
     return _gather_rows(strategy, flat).tolist()
+
+
+def long_message(length: int):
+    from dist_dl import log_to_driver
+
+    log_to_driver("x" * length)
+
+
+def progress_bar(steps: int = 3):
+    """Writes a line redrawn with carriage returns, as Keras' progress bar does."""
+    rank = int(os.environ["HOROVOD_RANK"])
+    os.write(1, "".join(f"\rstep {i}/{steps} of rank {rank}" for i in range(1, steps + 1))
+             .encode() + b"\n")
+
+
+def keras_in_worker():
+    """The worker's TF_USE_LEGACY_KERAS and the package tf.keras comes from."""
+    import tensorflow as tf
+
+    return os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0]

@@ -52,6 +52,7 @@ import statistics
 import tempfile
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.config import BenchConfig
 from dist_dl.locations import file_url
 from dist_dl.train.config import TrainConfig
@@ -172,13 +173,13 @@ class StepRecorder:
         self.prefix = prefix
 
     def __call__(self) -> list:
-        import tensorflow as tf
+        keras = compat.keras()
 
         from dist_dl.train.timing import StepTimes
 
         prefix = self.prefix
 
-        class Recorder(tf.keras.callbacks.Callback):
+        class Recorder(keras.callbacks.Callback):
             def __init__(self):
                 super().__init__()
                 self.times = StepTimes()
@@ -218,18 +219,19 @@ def _compiled(tf, config: TrainConfig, learning_rate: float, gpus: list, wrap=No
     turns the optimizer into a distributed one."""
     from dist_dl.train.models import build_model
 
+    keras = compat.keras()
     mixed = config.mixed_precision == "on" or (config.mixed_precision == "auto" and bool(gpus))
-    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     model = build_model(config.model, (config.image_size, config.image_size, 3), 10)
     if mixed:
-        logits = tf.keras.layers.Activation("linear", dtype="float32")(model.outputs[0])
-        model = tf.keras.Model(model.inputs, logits)
-    optimizer = tf.keras.optimizers.SGD(learning_rate, momentum=config.momentum)
+        logits = keras.layers.Activation("linear", dtype="float32")(model.outputs[0])
+        model = keras.Model(model.inputs, logits)
+    optimizer = keras.optimizers.SGD(learning_rate, momentum=config.momentum)
     if wrap is not None:
         optimizer = wrap(optimizer)
     if mixed:
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=["accuracy"])
     return model
 
@@ -239,7 +241,8 @@ def _plain_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecor
     reader, without Horovod (the launcher shows it one GPU, if any)."""
     import tensorflow as tf
 
-    tf.keras.utils.set_random_seed(config.seed)
+    keras = compat.keras()
+    keras.utils.set_random_seed(config.seed)
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -269,7 +272,8 @@ def _peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecord
     if gpus:
         gpus = [gpus[hvd.local_rank() % len(gpus)]]
         tf.config.set_visible_devices(gpus, "GPU")
-    tf.keras.utils.set_random_seed(config.seed + hvd.rank())
+    keras = compat.keras()
+    keras.utils.set_random_seed(config.seed + hvd.rank())
     # The recipe: learning rate scaled by the number of workers, the
     # optimizer wrapped, initial weights broadcast from rank 0, metrics averaged.
     model = _compiled(tf, config, config.learning_rate * hvd.size(), gpus,
@@ -386,9 +390,10 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             def run():
                 prefix = os.path.join(scratch, f"t{next(counter)}")
                 with CpuSampler() as sampler:
-                    HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
-                                  pin_cpus=pin).run(_plain_fit, files=files, config=config,
-                                                    steps=steps, recorder=StepRecorder(prefix))
+                    runner = HorovodRunner(np=-ranks, threads_per_worker=config.threads_per_worker,
+                                           pin_cpus=pin, driver_log_verbosity="log_callback_only")
+                    runner.run(_plain_fit, files=files, config=config, steps=steps,
+                               recorder=StepRecorder(prefix))
                 return _measure(prefix, ranks, config.batch_size, cfg.warmup_steps,
                                 False) + (sampler, ranks)
             return run

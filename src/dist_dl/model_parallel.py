@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from dist_dl import compat
+
 __all__ = ["split_model", "split_cpu"]
 
 
@@ -56,14 +58,14 @@ def split_cpu(n: int) -> list[str]:
 
 def _chain(model) -> list:
     """The model's layers in order, checking they form a chain."""
-    import tensorflow as tf
+    keras = compat.keras()
 
-    if isinstance(model, tf.keras.Sequential):
+    if isinstance(model, keras.Sequential):
         return list(model.layers)
     if not getattr(model, "_is_graph_network", False):
         raise ValueError("split_model needs a Sequential or functional Keras model (a subclassed "
                          "model's call order is not visible); rebuild it as Sequential")
-    layers = [l for l in model.layers if not isinstance(l, tf.keras.layers.InputLayer)]
+    layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
     previous = model.inputs[0] if len(model.inputs) == 1 else None
     for layer in layers:
         if previous is None or layer.input is not previous:
@@ -175,9 +177,9 @@ def _stage(layers, device, x, training):
 
 
 def _split_model_class():
-    import tensorflow as tf
+    keras = compat.keras()
 
-    class SplitModel(tf.keras.Model):
+    class SplitModel(keras.Model):
         """Runs its layer groups in order, each on its device."""
 
         def __init__(self, groups, devices, **kwargs):

@@ -4,8 +4,12 @@ that platform's GPU clusters and log delivery."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
+import cloudpickle
+
+from dist_dl import compat
 from dist_dl.launch import worker
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
@@ -13,13 +17,17 @@ from dist_dl.launch.worker import WorkerOptions
 __all__ = ["DatabricksBackend"]
 
 
-def _run_delegated(options: WorkerOptions, fn: Callable[..., Any], **kwargs) -> Any:
+def _run_delegated(options: WorkerOptions, payload: bytes, **kwargs) -> Any:
     """Runs in each worker started by sparkdl: its own log channel, our
-    environment, device plan and deadline."""
+    environment, device plan and deadline. The function is unpickled only
+    here, after the Keras setting is in the environment: unpickling may
+    import TensorFlow (a captured ``from tensorflow import keras``)."""
     from sparkdl.horovod import log_to_driver as sparkdl_log
 
+    for name, value in compat.worker_env().items():
+        os.environ.setdefault(name, value)
     worker._delegate_log = sparkdl_log
-    return worker.run_worker(options, fn, kwargs)
+    return worker.run_worker(options, cloudpickle.loads(payload), kwargs)
 
 
 class DatabricksBackend:
@@ -42,7 +50,7 @@ class _DelegatedMain:
 
     def __init__(self, options: WorkerOptions, fn: Callable[..., Any]):
         self.options = options
-        self.fn = fn
+        self.payload = cloudpickle.dumps(fn)
 
     def __call__(self, **kwargs) -> Any:
-        return _run_delegated(self.options, self.fn, **kwargs)
+        return _run_delegated(self.options, self.payload, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from dist_dl import compat
 from dist_dl.launch.errors import JobTimeout, failure_from
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
@@ -79,7 +80,9 @@ class LocalBackend:
         slots = get_host_assignments(parse_hosts(f"localhost:{num_proc}"), num_proc)
         rendezvous = _Rendezvous(slots)
         try:
-            base_env = dict(os.environ, **{
+            # Keras 2 as tf.keras from the start (the payload may import
+            # TensorFlow), unless the environment says otherwise.
+            base_env = dict({**compat.worker_env(), **os.environ}, **{
                 k: str(v) for k, v in create_run_env_vars(
                     "127.0.0.1", [_loopback_interface()], rendezvous.port).items()})
             envs = [{**base_env, **create_slot_env_vars(slot)} for slot in slots]

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from dist_dl.compat import pickle_tensorflow_lazy_modules_by_name
 from dist_dl.launch.backend import Backend, select_backend
 from dist_dl.launch.protocol import VERBOSITIES, DriverSink
 from dist_dl.launch.worker import WorkerOptions
@@ -27,9 +28,11 @@ class HorovodRunner:
             processes on the driver machine, Gloo on loopback (development,
             single-node multi-GPU). On a Databricks runtime that ships
             ``sparkdl.HorovodRunner``, ``np > 0`` delegates to it.
-        driver_log_verbosity: ``"log_callback_only"`` (default): only
-            ``log_to_driver`` messages reach the driver. ``"all"``: every line
-            of every worker's stdout and stderr, prefixed with its rank.
+        driver_log_verbosity: ``"log_callback_only"`` (the default for
+            ``np > 0``): only ``log_to_driver`` messages reach the driver.
+            ``"all"`` (the default for ``np < 0``, as sparkdl streams local
+            workers' output): every line of every worker's stdout and stderr,
+            prefixed with its rank.
         timeout: Seconds the job may run; a worker still running then stops,
             and ``run`` raises ``JobTimeout``. None (default): no limit.
         threads_per_worker: CPU threads for each worker (TensorFlow intra-op,
@@ -43,7 +46,7 @@ class HorovodRunner:
 
     engine = "horovod"
 
-    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only",
+    def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
                  timeout: float | None = None, threads_per_worker: int | None = None,
                  pin_cpus: bool = False, env: dict | None = None, spark=None,
                  backend: Backend | None = None):
@@ -51,6 +54,8 @@ class HorovodRunner:
             raise ValueError(
                 f"np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs -np "
                 f"processes on the driver; got {np!r}")
+        if driver_log_verbosity is None:
+            driver_log_verbosity = "all" if np < 0 else "log_callback_only"
         if driver_log_verbosity not in VERBOSITIES:
             raise ValueError(
                 f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}")
@@ -80,6 +85,9 @@ class HorovodRunner:
         """
         if not callable(main):
             raise TypeError(f"main must be a function, got {type(main).__name__}")
+        # A notebook's `from tensorflow import keras`, captured by main, is a
+        # module object TensorFlow loads lazily: shipped by its name.
+        pickle_tensorflow_lazy_modules_by_name()
         try:
             cloudpickle.dumps((main, kwargs))
         except Exception as exc:

@@ -12,13 +12,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from dist_dl import compat
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.session import get_spark, task_slots
 from dist_dl.stall import SparkStalled, StallWatch
 
-__all__ = ["SparkBackend", "check_slots", "cluster_nics"]
+__all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
 
 NICS_KEY = "spark.dist_dl.nics"
 
@@ -85,6 +86,43 @@ def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner"
         time.sleep(0.5)
 
 
+def _busy_slots(sc) -> int:
+    tracker = sc.statusTracker()
+    stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
+    return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+
+def wait_for_free_slots(spark, num_proc: int, slots: int, timeout: float | None = None,
+                        every: float = 10.0) -> None:
+    """Wait until ``num_proc`` of the cluster's ``slots`` are free, printing
+    a progress line every ``every`` seconds, as Databricks' HorovodRunner
+    does: started while other jobs hold slots, only some of Horovod's tasks
+    would run and the rest would fail on its start timeout.
+
+    Raises:
+        JobTimeout: still not enough free slots after ``timeout`` seconds.
+    """
+    start = time.monotonic()
+    reported = None
+    while True:
+        free = slots - _busy_slots(spark.sparkContext)
+        if free >= num_proc:
+            if reported is not None:
+                print(f"HorovodRunner(np={num_proc}): {free} task slots free, starting", flush=True)
+            return
+        waited = time.monotonic() - start
+        if timeout is not None and waited > timeout:
+            raise JobTimeout(
+                f"HorovodRunner(np={num_proc}) waited {waited:.0f} s (its timeout) for {num_proc} "
+                f"free task slots; other Spark jobs still hold {slots - free} of {slots}")
+        if reported is None or time.monotonic() - reported >= every:
+            print(f"HorovodRunner(np={num_proc}): waiting for {num_proc} free task slots: "
+                  f"{max(free, 0)} of {slots} free, other Spark jobs run on the rest "
+                  f"(waited {waited:.0f} s)", flush=True)
+            reported = time.monotonic()
+        time.sleep(0.5)
+
+
 class SparkBackend:
     """Runs workers as Spark tasks with ``horovod.spark.run``.
 
@@ -115,7 +153,8 @@ class SparkBackend:
         from horovod.spark.driver import job_id
 
         spark = self.spark or get_spark()
-        check_slots(spark, num_proc, self.slot_wait)
+        slots = check_slots(spark, num_proc, self.slot_wait)
+        wait_for_free_slots(spark, num_proc, slots, options.timeout)
         _allow_off_main_thread()
         _stream_output_live()
         worker_fn = functools.partial(run_worker, options, fn, kwargs)
@@ -141,6 +180,7 @@ class SparkBackend:
                     results = horovod.spark.run(
                         worker_fn, num_proc=num_proc, start_timeout=int(self.start_timeout),
                         use_gloo=True, stdout=stream, stderr=stream, verbose=0,
+                        env=compat.worker_env(),
                         nics=set(self.nics) if self.nics else cluster_nics(spark))
             except Exception as exc:
                 sink.close()

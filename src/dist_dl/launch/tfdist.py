@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from dist_dl import compat
 from dist_dl.launch import protocol
 from dist_dl.launch.device import TASK_GPUS_VAR
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
@@ -76,7 +77,10 @@ def tf_config(workers: list[str], index: int) -> str:
 
 
 def worker_env(base: dict, workers: list[str], index: int) -> dict:
-    env = {k: v for k, v in base.items() if k not in _FOREIGN_PLACE}
+    # Keras 2 (tf-keras) as tf.keras where Keras 3 is the default and tf-keras
+    # is installed, unless the environment chose: Keras 3's fit under this
+    # strategy does not sum the workers' gradients (keras-team/keras#19891).
+    env = {k: v for k, v in {**compat.worker_env(), **base}.items() if k not in _FOREIGN_PLACE}
     env["TF_CONFIG"] = tf_config(workers, index)
     return env
 

@@ -11,6 +11,7 @@ before the process exits non-zero.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -19,11 +20,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dist_dl import compat
 from dist_dl.launch import device, protocol
 
 __all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
 
 TIMEOUT_EXIT_CODE = 124
+# sparkdl's log_to_driver cuts longer messages; so does ours, to stay a drop-in.
+MAX_LOG_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,9 @@ _delegate_log: Callable[[str], None] | None = None
 
 def log_to_driver(message: str) -> None:
     """Send ``message`` from a worker to the driver's output, whatever the
-    runner's ``driver_log_verbosity``. Outside a worker, prints it."""
+    runner's ``driver_log_verbosity``. Outside a worker, prints it. Only the
+    first 4,000 characters are sent, as with Databricks' ``log_to_driver``."""
+    message = str(message)[:MAX_LOG_CHARS]
     if _capture is not None:
         _capture.control(protocol.encode_control("log", _rank(), message=str(message)))
     elif _delegate_log is not None:
@@ -131,8 +137,12 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
 
     Must run before TensorFlow is imported in this process: thread counts and
     visible GPUs are read once, when TensorFlow initialises (and the cycle
-    time once, in ``hvd.init()``).
+    time once, in ``hvd.init()``), and so is which Keras ``tf.keras`` is. The
+    backends also start each worker process with ``compat.worker_env()``, for
+    TensorFlow imported while the function is unpickled.
     """
+    for name, value in compat.worker_env().items():
+        os.environ.setdefault(name, value)
     os.environ.update(options.env)
     task_gpus = [g for g in os.environ.get(device.TASK_GPUS_VAR, "").split(",") if g]
     gpus = task_gpus or device.visible_gpus()
@@ -155,6 +165,7 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
             os.environ[name] = value
     if plan.cpus:
         os.sched_setaffinity(0, plan.cpus)
+    compat.patch_horovod_keras()
     return plan
 
 
@@ -267,6 +278,9 @@ class _Deadline:
         os._exit(TIMEOUT_EXIT_CODE)
 
 
+_REDRAW = re.compile(rb"\r(?![\r\n])")
+
+
 class _OutputCapture:
     """Redirects this process's fds 1 and 2 (so output of C++ code and child
     processes is caught too) through pipes whose lines are prefixed with the
@@ -299,7 +313,9 @@ class _OutputCapture:
             for line in pipe:
                 if not line.endswith(b"\n"):
                     line += b"\n"
-                self._write(out_fd, prefix + line)
+                # A progress bar redraws its line after each carriage return:
+                # every redraw gets the prefix, or it would overwrite it.
+                self._write(out_fd, prefix + _REDRAW.sub(b"\r" + prefix, line))
 
     def _write(self, fd: int, data: bytes) -> None:
         with self._lock:

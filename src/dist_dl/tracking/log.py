@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import mlflow
 
+from dist_dl import compat
 from dist_dl.launch.device import process_rank
 from dist_dl.lazy import lazy_attributes
 from dist_dl.tracking.preprocess import ImagePreprocessing
@@ -66,6 +67,9 @@ def default_pip_requirements() -> list[str]:
                 break
             except metadata.PackageNotFoundError:
                 continue
+    if compat.keras3_default():
+        # The model is saved with tf-keras there (see dist_dl.compat).
+        requirements.append(f"tf-keras=={metadata.version('tf-keras')}")
     return requirements
 
 
@@ -89,10 +93,10 @@ def _pickled_by_value():
 
 
 def _detect_from_logits(model) -> bool:
-    import tensorflow as tf
+    keras = compat.keras()
 
     activation = getattr(model.layers[-1], "activation", None) if model.layers else None
-    return activation is not tf.keras.activations.softmax
+    return activation is not keras.activations.softmax
 
 
 def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col: str = "image",
@@ -129,13 +133,13 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     Returns:
         Where the model was logged (and registered).
     """
-    import tensorflow as tf
+    keras = compat.keras()
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
 
     from dist_dl.tracking.pyfunc import KERAS_ARTIFACT, KerasImageClassifier
 
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, keras.Model):
         raise ValueError(f"model must be a tf.keras Model, got {type(model).__name__}")
     expected = tuple(preprocessing.input_shape)
     actual = tuple(model.input_shape[1:]) if isinstance(model.input_shape, tuple) else None
@@ -170,9 +174,19 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
                           "from_logits": from_logits, "class_names": python_model.class_names})
         run_id = run.info.run_id
     version = getattr(info, "registered_model_version", None)
+    if registered_model_name is not None and version is None:
+        version = _registered_version(registered_model_name, run_id)
     return LoggedModel(model_uri=f"runs:/{run_id}/{artifact_path}", run_id=run_id,
                        registered_model_name=registered_model_name,
                        registered_version=None if version is None else int(version))
+
+
+def _registered_version(name: str, run_id: str) -> int | None:
+    """The newest version of ``name`` registered from ``run_id``: MLflow before
+    2.14 (Databricks Runtime 15.4 has 2.13) does not return it from log_model."""
+    versions = mlflow.tracking.MlflowClient().search_model_versions(f"name='{name}'")
+    mine = [int(v.version) for v in versions if v.run_id == run_id]
+    return max(mine) if mine else None
 
 
 @contextlib.contextmanager
@@ -222,7 +236,7 @@ def log_epoch_metrics(metrics: Mapping[str, Any], epoch: int, *, prefix: str = "
 
 
 def log_tensorboard(log_dir: str | os.PathLike, *, artifact_path: str = "tensorboard") -> int:
-    """Copy a TensorBoard log directory (what ``tf.keras.callbacks.TensorBoard``
+    """Copy a TensorBoard log directory (what ``keras.callbacks.TensorBoard``
     wrote) into the active run's artifacts, under ``artifact_path``.
 
     Returns:
@@ -235,7 +249,7 @@ def log_tensorboard(log_dir: str | os.PathLike, *, artifact_path: str = "tensorb
     log_dir = os.fspath(log_dir)
     if not os.path.isdir(log_dir):
         raise ValueError(f"log_dir {log_dir!r} is not a directory; pass the log_dir given "
-                         "to tf.keras.callbacks.TensorBoard")
+                         "to keras.callbacks.TensorBoard")
     count = sum(len(files) for _, _, files in os.walk(log_dir))
     if count == 0:
         raise ValueError(f"log_dir {log_dir!r} holds no files: did the TensorBoard callback run?")
@@ -244,9 +258,9 @@ def log_tensorboard(log_dir: str | os.PathLike, *, artifact_path: str = "tensorb
 
 
 def _define_epoch_logger():
-    import tensorflow as tf
+    keras = compat.keras()
 
-    class MlflowEpochLogger(tf.keras.callbacks.Callback):
+    class MlflowEpochLogger(keras.callbacks.Callback):
         """Keras callback for the rank that logs: each epoch's metrics (Keras'
         logs, averaged over ranks if Horovod's ``MetricAverageCallback`` comes
         first), its duration, and the throughput, with ``step`` = epoch number

@@ -73,9 +73,16 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context) -> None:
-        import tensorflow as tf
+        # dist_dl.compat.keras(), in short: this class is pickled by value into
+        # the logged model, which loads where dist_dl is not installed. The
+        # model was saved with tf-keras where Keras 3 is TensorFlow's default.
+        try:
+            import tf_keras as keras
+        except ImportError:
+            import tensorflow as tf
 
-        self._model = tf.keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+            keras = tf.keras
+        self._model = keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
 
     def set_keras_model(self, model) -> None:
         """Use ``model`` directly (in-process use without MLflow loading)."""

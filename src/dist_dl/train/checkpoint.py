@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dist_dl import compat
 from dist_dl.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
 from dist_dl.launch.device import horovod_if_initialized, process_rank
 from dist_dl.lazy import lazy_attributes
@@ -439,11 +440,11 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
 
 
 def _define_checkpoint_callback():
-    import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.tracking.log import numeric_logs
 
-    class CheckpointCallback(tf.keras.callbacks.Callback):
+    class CheckpointCallback(keras.callbacks.Callback):
         """Keras callback: save a checkpoint at the end of every epoch (``every``).
 
         Only the writer saves (default: Horovod rank 0, or the only process).
@@ -517,7 +518,7 @@ def _build_optimizer(optimizer, model) -> None:
     """Create the optimizer's slot variables now (Keras creates them lazily at
     the first step), so that reading a checkpoint fills them at once and
     ``assert_consumed`` can check them."""
-    if hasattr(optimizer, "_create_all_weights"):  # tf.keras.optimizers.legacy.*
+    if hasattr(optimizer, "_create_all_weights"):  # keras.optimizers.legacy.*
         optimizer._create_all_weights(model.trainable_variables)
     else:
         optimizer.build(model.trainable_variables)

@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.databricks.secrets import redact_secrets
 from dist_dl.integrity import checkpoint_key, key_id
 from dist_dl.locations import local_path
@@ -115,13 +116,13 @@ class TrainedModel:
     def keras_model(self):
         """The trained Keras model (float32, logits out), loaded from the run."""
         import mlflow.artifacts
-        import tensorflow as tf
+        keras = compat.keras()
 
         from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
-        return tf.keras.models.load_model(path, compile=False)
+        return keras.models.load_model(path, compile=False)
 
 
 def train_distributed(data, *, config: TrainConfig | None = None, validation=None,
@@ -400,9 +401,11 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.train.worker import train_worker
 
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
+    # Progress comes through log_to_driver; the workers' own output only with
+    # an error (its last lines), on either backend.
     runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
                            pin_cpus=cfg.pin_cpus, env={**quiet_env(), **cfg.horovod_env()},
-                           spark=spark)
+                           spark=spark, driver_log_verbosity="log_callback_only")
     attempt = 0
     while True:
         attempt += 1

@@ -8,6 +8,7 @@ logged model.
 from __future__ import annotations
 
 from typing import Callable
+from dist_dl import compat
 
 __all__ = ["build_model", "register_model", "MODEL_NAMES"]
 
@@ -24,10 +25,10 @@ def register_model(name: str):
 
 @register_model("resnet50")
 def _resnet50(input_shape, classes):
-    import tensorflow as tf
+    keras = compat.keras()
 
     # weights=None: no download (and ImageNet weights would not fit other classes).
-    return tf.keras.applications.ResNet50(weights=None, input_shape=input_shape, classes=classes,
+    return keras.applications.ResNet50(weights=None, input_shape=input_shape, classes=classes,
                                           classifier_activation=None)
 
 
@@ -42,10 +43,10 @@ def _small_cnn(input_shape, classes):
     slightly different update than one worker at batch B; a model without
     batch normalisation computes exactly the same one.
     """
-    import tensorflow as tf
+    keras = compat.keras()
 
-    layers = tf.keras.layers
-    inputs = tf.keras.Input(input_shape)
+    layers = keras.layers
+    inputs = keras.Input(input_shape)
     x = inputs
     for i, filters in enumerate((32, 64, 128)):
         if i:
@@ -55,7 +56,7 @@ def _small_cnn(input_shape, classes):
         x = layers.BatchNormalization(momentum=0.9)(x)
         x = layers.Activation("relu")(x)
     x = layers.GlobalAveragePooling2D()(x)
-    return tf.keras.Model(inputs, layers.Dense(classes)(x), name="small_cnn")
+    return keras.Model(inputs, layers.Dense(classes)(x), name="small_cnn")
 
 
 MODEL_NAMES = tuple(_REGISTRY)

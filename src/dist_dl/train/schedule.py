@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from dist_dl import compat
 from dist_dl.lazy import lazy_attributes
 
 __all__ = ["WarmupScaledSchedule"]
@@ -27,8 +28,9 @@ __all__ = ["WarmupScaledSchedule"]
 
 def _define_schedule():
     import tensorflow as tf
+    keras = compat.keras()
 
-    class WarmupScaledSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+    class WarmupScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
         """``base_lr`` at step 0, rising linearly to ``base_lr * num_workers`` at
         step ``warmup_epochs * steps_per_epoch``; then constant, or with
         ``total_epochs`` a half-cosine decay to 0 at ``total_epochs *
@@ -114,7 +116,7 @@ def _define_schedule():
 
     WarmupScaledSchedule.__module__ = __name__
     WarmupScaledSchedule.__qualname__ = "WarmupScaledSchedule"
-    return tf.keras.saving.register_keras_serializable(package="dist_dl")(WarmupScaledSchedule)
+    return keras.saving.register_keras_serializable(package="dist_dl")(WarmupScaledSchedule)
 
 
 # WarmupScaledSchedule subclasses a Keras class: defined on first use (see dist_dl.lazy).

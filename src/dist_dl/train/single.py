@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_single"]
@@ -36,6 +37,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
         "model": the Keras model}``.
     """
     import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.read import ReaderConfig, make_dataset, plan_shards
     from dist_dl.train.models import build_model
@@ -45,7 +47,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     cfg = dataclasses.replace(config, num_workers=1)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
-    tf.keras.utils.set_random_seed(cfg.seed)
+    keras.utils.set_random_seed(cfg.seed)
     classes = cfg.classes or _classes_of(data)
     plan = plan_shards(data, 1, cfg.batch_size, classes=classes)
     steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
@@ -63,8 +65,8 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     schedule = WarmupScaledSchedule(
         cfg.learning_rate, 1, steps, min(cfg.warmup_epochs, cfg.epochs),
         total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
-    keras_model.compile(tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
-                        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    keras_model.compile(keras.optimizers.SGD(schedule, momentum=cfg.momentum),
+                        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         weighted_metrics=["accuracy"])
     fit_kwargs = {}
     if validation is not None:
@@ -77,7 +79,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     callbacks = [timer]
     if report is not None:
         key = "val_accuracy" if validation is not None else "accuracy"
-        callbacks.append(tf.keras.callbacks.LambdaCallback(
+        callbacks.append(keras.callbacks.LambdaCallback(
             on_epoch_end=lambda epoch, logs: report(float(logs[key]))))
     history = keras_model.fit(train_data, epochs=cfg.epochs, steps_per_epoch=steps,
                               callbacks=callbacks, verbose=0, **fit_kwargs).history

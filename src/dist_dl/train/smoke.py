@@ -6,6 +6,7 @@ Runs inside each worker (started by ``HorovodRunner``).
 from __future__ import annotations
 
 import time
+from dist_dl import compat
 
 __all__ = ["train_small_cnn", "synthetic_images"]
 
@@ -38,24 +39,25 @@ def train_small_cnn(epochs: int = 2, steps_per_epoch: int = 20, batch_size: int 
     """
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
+    keras = compat.keras()
 
     hvd.init()
-    tf.keras.utils.set_random_seed(seed)  # identical model on every rank (rank 0's is broadcast anyway)
+    keras.utils.set_random_seed(seed)  # identical model on every rank (rank 0's is broadcast anyway)
     images, labels = synthetic_images(batch_size * steps_per_epoch, image_size, classes,
                                       seed=seed + 1 + hvd.rank())
     data = (tf.data.Dataset.from_tensor_slices((images, labels))
             .shuffle(len(labels), seed=seed + hvd.rank()).batch(batch_size).repeat())
-    model = tf.keras.Sequential([
-        tf.keras.Input((image_size, image_size, 3)),
-        tf.keras.layers.Conv2D(16, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.GlobalAveragePooling2D(),
-        tf.keras.layers.Dense(classes),
+    model = keras.Sequential([
+        keras.Input((image_size, image_size, 3)),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(classes),
     ])
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate * hvd.size(),
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate * hvd.size(),
                                                                  momentum=0.9))
-    model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     start = time.perf_counter()
     history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0,

@@ -10,6 +10,7 @@ its threads could).
 from __future__ import annotations
 
 import time
+from dist_dl import compat
 
 __all__ = ["StepTimes", "step_timer"]
 
@@ -65,9 +66,9 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
     ``<prefix>images_per_second`` and ``<prefix>cpu_per_second``. ``.times``
     holds the current epoch's step ends.
     """
-    import tensorflow as tf
+    keras = compat.keras()
 
-    class StepTimer(tf.keras.callbacks.Callback):
+    class StepTimer(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.times = StepTimes()

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dist_dl import compat
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["WorkerSpec", "train_worker"]
@@ -83,6 +84,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     """
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.launch.device import launcher_place
     from dist_dl.read import ReaderConfig, make_dataset
@@ -109,7 +111,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         tf.config.experimental.enable_op_determinism()
     # Per-rank seeds: different crops and flips on every rank. The initial
     # weights are rank 0's anyway (broadcast below).
-    tf.keras.utils.set_random_seed(cfg.seed + rank)
+    keras.utils.set_random_seed(cfg.seed + rank)
     model = _build(spec, mixed)
     if place is not None:
         _default_cycle_time(cfg, model)
@@ -132,7 +134,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         min(cfg.warmup_epochs, cfg.epochs),
         total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
     optimizer = hvd.DistributedOptimizer(
-        tf.keras.optimizers.SGD(schedule, momentum=cfg.momentum),
+        keras.optimizers.SGD(schedule, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
         backward_passes_per_step=cfg.backward_passes_per_step,
         average_aggregated_gradients=True, groups=cfg.allreduce_groups)
@@ -140,8 +142,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         # Loss scaling outside the allreduce: the scaled gradients are averaged
         # (a linear operation), then unscaled and checked for overflow, with
         # the same result on every rank, so the scales stay in step.
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=["accuracy"])
 
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
@@ -165,7 +167,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
             CheckpointCallback(manager, metadata={"run_id": spec.run_id}),
             MlflowEpochLogger(images_per_epoch=cfg.batch_size * size * spec.train_steps,
                               writer=True),
-            tf.keras.callbacks.TensorBoard(spec.tensorboard_dir, update_freq="epoch",
+            keras.callbacks.TensorBoard(spec.tensorboard_dir, update_freq="epoch",
                                            profile_batch=0, write_graph=False),
             _progress_callback(tf, cfg.epochs, spec.train_steps, cfg.batch_size * size),
         ]
@@ -212,6 +214,7 @@ def _default_cycle_time(cfg: TrainConfig, model) -> None:
 
 def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
     """Give this worker one GPU (if any) and decide on mixed precision."""
+    keras = compat.keras()
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) > 1:
         # The launcher shows each worker only its local rank's GPU; a runner
@@ -221,12 +224,12 @@ def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     mixed = cfg.mixed_precision == "on" or (cfg.mixed_precision == "auto" and bool(gpus))
-    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     return mixed
 
 
 def _build(spec: WorkerSpec, mixed: bool):
-    import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.train.models import build_model
 
@@ -234,9 +237,9 @@ def _build(spec: WorkerSpec, mixed: bool):
                         spec.classes)
     if mixed:
         # Logits in float32: a float16 softmax cross-entropy loses precision.
-        logits = tf.keras.layers.Activation("linear", dtype="float32", name="logits_float32")(
+        logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(
             model.outputs[0])
-        model = tf.keras.Model(model.inputs, logits, name=model.name)
+        model = keras.Model(model.inputs, logits, name=model.name)
     return model
 
 
@@ -251,9 +254,10 @@ def _validation_callback(tf, hvd, data, steps: int):
     """Exact validation over all ranks: sums of weighted loss, correct
     predictions and weights are allreduced, so rows repeated to even out the
     shards (weight 0) count nothing and every real row counts once."""
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    keras = compat.keras()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
-    class DistributedValidation(tf.keras.callbacks.Callback):
+    class DistributedValidation(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self._iterator = None
@@ -283,8 +287,9 @@ def _validation_callback(tf, hvd, data, steps: int):
 
 def _learning_rate_callback(tf, schedule):
     """Adds the learning rate reached (warmup shows in the metrics) to the logs."""
+    keras = compat.keras()
 
-    class LearningRate(tf.keras.callbacks.Callback):
+    class LearningRate(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if logs is not None:
                 logs["learning_rate"] = schedule.value_at(
@@ -295,10 +300,11 @@ def _learning_rate_callback(tf, schedule):
 
 def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: float = 30.0):
     """Progress lines to the driver: epoch, step, images/s and time left."""
+    keras = compat.keras()
     from dist_dl.launch import log_to_driver
     from dist_dl.progress import format_duration
 
-    class Progress(tf.keras.callbacks.Callback):
+    class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self._start = time.perf_counter()
             self._last = self._start
@@ -334,12 +340,12 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
 def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool) -> dict:
     """Rank 0, inside the run: the trained model (float32, for serving
     anywhere) and the TensorBoard logs."""
-    import tensorflow as tf
+    keras = compat.keras()
 
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier, log_tensorboard
 
     if mixed:
-        tf.keras.mixed_precision.set_global_policy("float32")
+        keras.mixed_precision.set_global_policy("float32")
         serving = _build(spec, mixed=False)
         serving.set_weights(model.get_weights())
         model = serving

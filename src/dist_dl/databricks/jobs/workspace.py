@@ -15,6 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from dist_dl import compat
 from dist_dl.databricks.jobs.errors import AuthenticationError, JobFileError, JobsError
 from dist_dl.databricks.jobs.validation import (ENTRY_POINT, WHEEL_NAME, WHEEL_PLACEHOLDER,
                                                 edit_markers, load_job, read_job)
@@ -165,7 +166,7 @@ def deploy(path: str | os.PathLike, wheel: str | os.PathLike, *,
     job_id = find_job(w, settings.name)
     if job_id is None:
         with calling(w, f"create the job {settings.name!r}"):
-            job_id = w.jobs.create(**settings.as_shallow_dict()).job_id
+            job_id = w.jobs.create(**compat.shallow_fields(settings)).job_id
         say(out, f"created job {job_id} {settings.name!r}: {w.config.host}/jobs/{job_id}")
     else:
         with calling(w, f"update job {job_id} {settings.name!r}"):

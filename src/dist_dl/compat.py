@@ -1,0 +1,189 @@
+"""The few switches between the TensorFlow lines the library runs on; one
+code path everywhere else.
+
+TensorFlow up to 2.15 ships Keras 2 as ``tf.keras``. From 2.16 (Databricks
+Runtime 15.4 LTS ML has 2.16.1) ``keras`` is Keras 3, and ``tf.keras`` is
+Keras 3 too unless ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is
+imported, in which case it is ``tf_keras`` (Keras 2, the ``tf-keras``
+package). Horovod 0.28.1's Keras integration works only with Keras 2
+(horovod#4290: "'Variable' object has no attribute 'ref'"), so on 2.16:
+
+- every worker gets ``TF_USE_LEGACY_KERAS=1`` in its environment from the
+  start (``worker_env``), so ``tf.keras`` in user code and in Horovod is
+  Keras 2;
+- the library itself builds, trains, saves and loads models with ``keras()``,
+  which is ``tf_keras`` there, whatever the calling process set (a notebook
+  may have imported TensorFlow long before);
+- ``horovod.tensorflow.keras`` takes its backend from the ``keras`` package
+  (``from keras import backend as K``), which is Keras 3's and lacks
+  ``constant``, ``variable`` and ``get_session``: ``patch_horovod_keras``
+  points it at Keras 2's backend, which is what that import gave on the
+  TensorFlow lines Horovod was written for.
+
+Nothing here imports TensorFlow until asked for a Keras module.
+
+One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
+``as_shallow_dict`` on its settings classes (``shallow_fields``).
+"""
+from __future__ import annotations
+
+import copyreg
+import dataclasses
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import sys
+
+__all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
+           "require_tf_keras", "pickle_tensorflow_lazy_modules_by_name", "shallow_fields"]
+
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+# The TensorFlow distributions whose version names the tf-keras to install.
+_TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel")
+# Horovod modules that bind ``K`` from the ``keras`` package at import.
+_HOROVOD_KERAS_MODULES = ("horovod.tensorflow.keras", "horovod.tensorflow.keras.callbacks")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def keras3_default() -> bool:
+    """True where ``tf.keras`` would be Keras 3 (the ``keras`` package is 3.x)."""
+    version = _version("keras")
+    return version is not None and int(version.split(".")[0]) >= 3
+
+
+def _tf_keras_installed() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def require_tf_keras() -> None:
+    """Raise ImportError naming the package to install when Keras 3 is the
+    default and tf-keras (Keras 2, which Horovod needs) is missing."""
+    if keras3_default() and not _tf_keras_installed():
+        tf_version = next(filter(None, map(_version, _TF_DISTRIBUTIONS)), None)
+        wanted = ".".join(tf_version.split(".")[:2]) + ".*" if tf_version else "<TensorFlow's version>"
+        raise ImportError(
+            f"this TensorFlow ({tf_version or 'unknown version'}) makes Keras 3 the default, and "
+            "Horovod's Keras integration needs Keras 2 (horovod#4290), which is the tf-keras "
+            f"package matching TensorFlow: pip install 'tf-keras=={wanted}'")
+
+
+def worker_env() -> dict[str, str]:
+    """Environment every worker starts with: Keras 2 as ``tf.keras`` where
+    Keras 3 is the default and tf-keras is installed (without tf-keras,
+    ``require_tf_keras`` says what to install when Keras is first needed)."""
+    if keras3_default() and _tf_keras_installed():
+        return {LEGACY_KERAS_ENV: "1"}
+    return {}
+
+
+def keras():
+    """The Keras module the library works with: ``tf.keras`` where it is
+    Keras 2, ``tf_keras`` where Keras 3 is the default."""
+    if keras3_default():
+        require_tf_keras()
+        return importlib.import_module("tf_keras")
+    import tensorflow as tf
+
+    return tf.keras
+
+
+def _point_at_keras2_backend(module) -> None:
+    if getattr(module, "K", None) is not None and keras3_default():
+        module.K = keras().backend
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a fix on a named module right after it is first executed."""
+
+    def __init__(self, names, fix):
+        self.names = frozenset(names)
+        self.fix = fix
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.fix(module)
+
+        spec.loader.exec_module = exec_module  # this spec's own loader instance
+        return spec
+
+
+def patch_horovod_keras() -> None:
+    """Give ``horovod.tensorflow.keras`` (and its callbacks) Keras 2's backend
+    where Keras 3 is the default: now if imported, else when imported.
+    A no-op on TensorFlow lines with Keras 2."""
+    if not keras3_default():
+        return
+    for name in _HOROVOD_KERAS_MODULES:
+        if name in sys.modules:
+            _point_at_keras2_backend(sys.modules[name])
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend))
+
+
+def _lazy_module(parent: str, name: str):
+    """The lazily loaded module ``parent.name`` (``tensorflow.keras`` on
+    TensorFlow 2.15), as that process's TensorFlow gives it."""
+    return getattr(importlib.import_module(parent), name)
+
+
+def _keras_lazy_loader(parent: str, mode, submodule, name: str):
+    """A new ``KerasLazyLoader`` (TensorFlow 2.16+), which picks its Keras
+    when first used, by this process's ``TF_USE_LEGACY_KERAS``: Keras 2 in a
+    worker, whatever the driver's loader had picked."""
+    from tensorflow.python.util.lazy_loader import KerasLazyLoader
+
+    return KerasLazyLoader(vars(importlib.import_module(parent)), mode=mode, submodule=submodule,
+                           name=name)
+
+
+def _reduce_lazy_module(module):
+    attrs = vars(module)  # the loader's own fields; reading them loads nothing
+    if "_tfll_name" in attrs:  # TensorFlow 2.16+'s KerasLazyLoader
+        parent = attrs["_tfll_parent_module_globals"]["__name__"]
+        return _keras_lazy_loader, (parent, attrs["_tfll_mode"], attrs["_tfll_submodule"],
+                                    attrs["_tfll_name"])
+    parent = (attrs.get("_parent_module_globals") or {}).get("__name__")
+    name = attrs.get("_local_name")
+    if parent and name:
+        return _lazy_module, (parent, name)
+    return importlib.import_module, (module.__name__,)
+
+
+def pickle_tensorflow_lazy_modules_by_name() -> None:
+    """Let pickle (and cloudpickle, which consults copyreg) ship TensorFlow's
+    lazily loaded modules (``from tensorflow import keras`` gives a
+    ``KerasLazyLoader``) by name, re-imported where they are unpickled, as
+    modules are. Without it they cannot be pickled at all. Only needed, and
+    only done, once TensorFlow is imported."""
+    loaders = sys.modules.get("tensorflow.python.util.lazy_loader")
+    if loaders is None:
+        return
+    for cls in (getattr(loaders, "LazyLoader", None), getattr(loaders, "KerasLazyLoader", None)):
+        if cls is not None and copyreg.dispatch_table.get(cls) is not _reduce_lazy_module:
+            copyreg.pickle(cls, _reduce_lazy_module)
+
+
+def shallow_fields(settings) -> dict:
+    """The set top-level fields of a databricks-sdk settings dataclass, as
+    keyword arguments for the matching API call (what newer SDKs'
+    ``as_shallow_dict()`` gives; 0.20 lacks it). Like it, empty lists and
+    maps count as unset (0.20's ``from_dict`` fills them in)."""
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    return {name: value for name, value in values.items()
+            if value is not None and value != [] and value != {}}
