@@ -527,8 +527,19 @@ def test_a_failed_run_names_the_failed_task_and_the_run_page(workspace, job_file
 
 
 def test_run_reads_the_newer_status_field_when_state_is_absent(workspace, job_file, wheel):
+    import dataclasses
+
+    from databricks.sdk.service.jobs import Run
+
     job_id = deploy(job_file, wheel, out=io.StringIO())
     workspace.legacy_state = False
+    if "status" not in {f.name for f in dataclasses.fields(Run)}:
+        # databricks-sdk 0.20 (runtime 15.4) cannot read 'status': a clear
+        # error instead of polling for ever.
+        with pytest.raises(JobsError, match=r"cannot read its replacement 'status'.*"
+                                            r"Upgrade databricks-sdk"):
+            run(job_id=job_id, poll_seconds=0.01, out=io.StringIO())
+        return
     assert run(job_id=job_id, poll_seconds=0.01, out=io.StringIO()).result_state == "SUCCESS"
     workspace.fail_task = "evaluate"
     with pytest.raises(RunFailedError) as caught:

@@ -36,6 +36,15 @@ def _state(obj) -> tuple[str | None, str | None, str]:
     return status.state.value, result, (details.message or "") if details else ""
 
 
+def _reads_status(run) -> bool:
+    """Whether this databricks-sdk's Run has the ``status`` field (0.20, the
+    one of Databricks Runtime 15.4, has only ``state``: the SDK drops fields
+    it does not know when it parses a response)."""
+    import dataclasses
+
+    return dataclasses.is_dataclass(run) and "status" in {f.name for f in dataclasses.fields(run)}
+
+
 def _follow(w, run_id: int, poll_seconds: float, timeout: float | None, out, url: str):
     start = time.monotonic()
     last_run, last_tasks = None, {}
@@ -45,6 +54,15 @@ def _follow(w, run_id: int, poll_seconds: float, timeout: float | None, out, url
         url = current.run_page_url or url
         elapsed = time.monotonic() - start
         life, result, message = _state(current)
+        if life is None and not _reads_status(current):
+            # Without this the loop would poll for ever (timeout None).
+            from databricks.sdk.version import __version__
+
+            raise JobsError(
+                f"run {run_id}: the Jobs API answered without the deprecated 'state' field, and "
+                f"databricks-sdk {__version__} cannot read its replacement 'status' (its Run has "
+                f"no such field), so the run cannot be followed; it keeps running: {url}. "
+                "Upgrade databricks-sdk, or follow the run with --no-wait and the run page.")
         if (life, result) != last_run:
             last_run = (life, result)
             text = " ".join(s for s in (life, result) if s)
