@@ -34,6 +34,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import os
 import sys
 
 __all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
@@ -82,6 +83,16 @@ def worker_env() -> dict[str, str]:
     if keras3_default() and _tf_keras_installed():
         return {LEGACY_KERAS_ENV: "1"}
     return {}
+
+
+def use_worker_env() -> None:
+    """In a Spark task that runs user code (an ensemble member's factory, a
+    search trial): :func:`worker_env`'s variables, unless set, so that the
+    task's first ``tf.keras`` is Keras 2 as in the library's training workers
+    (Keras 3 models do not pickle, and Horovod needs Keras 2). Best effort:
+    a reused Python worker whose ``tf.keras`` was already used keeps it."""
+    for name, value in worker_env().items():
+        os.environ.setdefault(name, value)
 
 
 def keras():

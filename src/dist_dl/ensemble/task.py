@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from dist_dl import compat
 from dist_dl.ensemble.members import Scorer, fit_member, read_members
 from dist_dl.integrity import HashingWriter
 
@@ -111,6 +112,7 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         index = {c: i for i, c in enumerate(classes)}
         y = pdf[label_col].map(index).to_numpy(dtype=np.int64)
         del pdf
+        compat.use_worker_env()  # before the factory's first tf.keras
         model = _call_factory(factory, member)
         fit_start = time.perf_counter()
         model = fit_member(model, x, y, fit_kwargs)

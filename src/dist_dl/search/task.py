@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Callable
 
+from dist_dl import compat
 from dist_dl.databricks.secrets import redact_secrets
 from dist_dl.integrity import sign, signature_matches
 
@@ -107,6 +108,7 @@ def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token
     record = {"trial": trial, "status": "completed", "value": None, "error": None,
               "start": time.time()}
     try:
+        compat.use_worker_env()  # before the trial's first tf.keras
         value = train_fn(dict(params), reporter)
         value = float(value)
         if not math.isfinite(value):
