@@ -28,12 +28,47 @@ PROFILE_SUBSET = frozenset({
 })
 
 
+# Tests over 10 s in the full run of 23 Nov 2026 (`--durations=0`, part of it
+# at load 7) that carry no @pytest.mark.slow of their own: also `slow`, so that
+# `make test-fast` stays a few minutes. The separate-hosts tests are slow too.
+SLOW_BY_DURATION = frozenset({
+    "tests/test_checkpoint.py::test_killed_writer_leaves_the_latest_complete_checkpoint_loadable",
+    "tests/test_dropin.py::test_busy_slots_are_waited_for_with_progress",
+    "tests/test_dropin.py::test_databricks_mnist_example_trains_with_horovod_callbacks",
+    "tests/test_dropin.py::test_databricks_petastorm_converter_example_on_spark_tasks",
+    "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
+    "tests/test_dropin.py::test_workers_get_keras_2_where_keras_3_is_the_default",
+    "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
+    "tests/test_ensemble.py::test_input_is_evaluated_once_and_every_row_is_accounted_for",
+    "tests/test_ensemble.py::test_keras_members_averaged",
+    "tests/test_integrity.py::test_a_member_swapped_in_the_logged_model_is_refused",
+    "tests/test_integrity.py::test_a_swapped_member_is_refused_on_the_executors",
+    "tests/test_launcher.py::test_allreduce_local_spark[horovod]",
+    "tests/test_launcher.py::test_allreduce_standalone_cluster",
+    "tests/test_launcher.py::test_idle_worker_does_not_spin",
+    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[horovod]",
+    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
+    "tests/test_launcher.py::test_timeout_spark[horovod]",
+    "tests/test_launcher.py::test_timeout_spark[tensorflow]",
+    "tests/test_launcher.py::test_weights_identical_on_all_ranks_after_training",
+    "tests/test_launcher.py::test_worker_exception_on_spark[horovod]",
+    "tests/test_notebooks.py::test_notebook_runs_locally[02_single_node_baseline]",
+    "tests/test_notebooks.py::test_notebook_runs_locally[03_horovod_runner]",
+    "tests/test_output.py::test_the_embedded_session_starts_quietly_and_keeps_warnings",
+    "tests/test_secrets.py::test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact",
+    "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
+    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint",
+})
+
+
 # tryfirst: the marker must be on the items before `-m` selects them.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.stem in PROFILE_SUBSET:
             item.add_marker(pytest.mark.profile_subset)
+        if item.nodeid in SLOW_BY_DURATION or item.get_closest_marker("hosts") is not None:
+            item.add_marker(pytest.mark.slow)
     # One SparkContext per process: tests on the standalone cluster replace the
     # local session, so they run last and the local ones share one session.
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
