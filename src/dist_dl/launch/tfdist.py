@@ -271,7 +271,8 @@ class TFSparkBackend:
         sc = spark.sparkContext
         check_slots(spark, num_proc, self.slot_wait, runner=RUNNER)
         group = f"dist_dl-tf-{options.job_id}"
-        host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+        # One key of the live SparkConf (getConf() copies every entry, see stall.py).
+        host = sc._conf.get("spark.driver.host", None) or socket.gethostname()
         server = _OutputServer(host, sink, on_failure=lambda: sc.cancelJobGroup(group))
         payload = cloudpickle.dumps((dataclasses.replace(options, engine=ENGINE), fn, kwargs))
         task = functools.partial(_barrier_task, payload, server.address, server.token,
