@@ -14,7 +14,7 @@ VENV        := .venv
 CONSTRAINTS := constraints.txt
 # horovod.spark.run is the Spark backend off Databricks; [spark] brings its pins.
 HOROVOD     := 'horovod[spark]'
-EXTRAS      := local,delta,samples,dev
+EXTRAS      := local,petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu
 NO_DEPS     :=
 else ifeq ($(PROFILE),dbr-15.4-ml)
@@ -23,7 +23,7 @@ CONSTRAINTS := constraints/dbr-15.4-ml.txt
 # The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11), and with it the
 # `local` extra: its parts are installed by name.
 HOROVOD     := horovod
-EXTRAS      := delta,samples,dev
+EXTRAS      := petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras

@@ -25,7 +25,6 @@ setup(
         "numpy>=1.23,<2",
         "pandas>=1.5,<3",
         "pyarrow>=10",
-        "petastorm>=0.12.1",
         "mlflow>=2.9,<3",
         "optuna>=3.4",
         "databricks-sdk>=0.20",
@@ -40,6 +39,11 @@ setup(
         # horovod[spark].
         "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod[spark]==0.28.1"],
         "delta": ["deltalake>=1.0"],
+        # Petastorm's reader (reader="petastorm"; "auto" uses it where it
+        # imports). Not a hard requirement: runtimes 16.4 and 17.3 LTS ML ship
+        # no Petastorm, and 0.13.1 does not import with their pyarrow 16+; the
+        # arrow reader (dist_dl.read.arrow) needs only pyarrow.
+        "petastorm": ["petastorm>=0.12.1"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.optional names it).
         "samples": ["scikit-learn>=1.3"],

@@ -318,5 +318,5 @@ def test_without_petastorm_auto_reads_with_arrow_and_training_completes(tmp_path
         [sys.executable, "-c", textwrap.dedent(_AUTO_CHILD), url, (tmp_path / "mlruns").as_uri(),
          str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "pip install 'petastorm==0.13.1'" in done.stdout and "reader='arrow'" in done.stdout
+    assert "pip install 'dist_dl[petastorm]'" in done.stdout and "reader='arrow'" in done.stdout
     assert "TRAINED 2" in done.stdout

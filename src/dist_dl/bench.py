@@ -257,6 +257,12 @@ def _peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecord
     run in each Spark task by ``horovod.spark.run``. Only the model, the
     shards, the batch and the thread count are the library's, so that both
     sides do the same work on the same cores."""
+    # Horovod 0.28's Keras integration needs Keras 2 (horovod#4290): where
+    # Keras 3 is the default (TensorFlow 2.16, runtime 15.4), the task starts
+    # with TF_USE_LEGACY_KERAS=1 (the env given to horovod.spark.run) and
+    # Horovod's Keras modules get Keras 2's backend, as a user of that runtime
+    # must do too; a no-op on TensorFlow lines with Keras 2.
+    compat.patch_horovod_keras()
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -421,7 +427,8 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             with CpuSampler() as sampler:
                 ranks = horovod.spark.run(_peer_fit, args=(files, scaled, steps,
                                                            StepRecorder(prefix), worker_threads),
-                                          num_proc=cfg.workers, verbose=0)
+                                          num_proc=cfg.workers, verbose=0,
+                                          env=dict(os.environ, **compat.worker_env()))
             peer_info.update(ranks[0])
             return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
                             cfg.warmup_steps, True) + (sampler, cfg.workers)

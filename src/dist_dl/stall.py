@@ -119,7 +119,7 @@ def executor_reports(sc) -> list[str]:
 
 def live_executors(sc) -> list[str]:
     """host:port of the executors registered now (the driver left out)."""
-    driver = sc.getConf().get("spark.driver.host", "")
+    driver = sc._conf.get("spark.driver.host", "")  # one key (see stall_timeout)
     infos = sc._jsc.sc().statusTracker().getExecutorInfos()
     out = [f"{info.host()}:{info.port()}" for info in infos]
     # The driver is listed first (its own block manager).
@@ -213,7 +213,7 @@ class StallWatch:
         """What Spark reports now about the executors, and what to check."""
         alive = live_executors(self.sc) if alive is None else alive
         lost = executor_reports(self.sc)[self._reports_before:] if lost is None else lost
-        conf = self.sc.getConf()
+        conf = self.sc._conf  # the live SparkConf (see stall_timeout)
         driver = f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
         if lost:
             shown = "\n".join(f"  {line}" for line in lost[-5:])

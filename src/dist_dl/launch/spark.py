@@ -43,7 +43,7 @@ def cluster_nics(spark) -> set[str] | None:
     half the driver processes pick ``lo``, so workers on other hosts are told
     to meet at 127.0.0.1 and abort (exit code 134).
     """
-    conf = spark.sparkContext.getConf()
+    conf = spark.sparkContext._conf  # the live SparkConf (dist_dl.stall.stall_timeout)
     given = [n.strip() for n in (conf.get(NICS_KEY, "") or "").split(",") if n.strip()]
     if given:
         return set(given)

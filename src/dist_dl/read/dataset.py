@@ -180,8 +180,8 @@ def choose_reader(reader: str = "auto") -> str:
             return "arrow"
         raise ImportError(
             f"reader='petastorm' needs Petastorm, which does not import here "
-            f"({type(exc).__name__}: {exc}): pip install 'petastorm==0.13.1' (it needs "
-            "pyarrow<16), or set reader='arrow' (or 'auto', which uses it where Petastorm "
+            f"({type(exc).__name__}: {exc}): pip install 'dist_dl[petastorm]' (Petastorm "
+            "0.13.1 needs pyarrow<16), or set reader='arrow' (or 'auto', which uses it where Petastorm "
             "is missing)") from exc
     return "petastorm"
 

@@ -271,7 +271,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         client.log_metric(run_id, metric_name, value, step=step)
         return prune
 
-    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+    host = sc._conf.get("spark.driver.host", None) or "127.0.0.1"  # one key (dist_dl.stall)
     # Bound to the driver's own address (loopback locally): executors reach
     # it, nothing else needs to, and every message must be signed with the
     # token (which itself never goes over this connection; see task.py).
