@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,25 @@ def test_cpu_sampler_finds_the_busy_thread_of_a_child():
     # A window with fewer than two samples gives nothing, not a made-up rate.
     assert sampler.window(start + 0.5, start + 0.55) is None
     assert thread_split(None, 1) is None
+
+
+@pytest.mark.timeout(300)
+def test_reader_benchmark_runs_tiny_and_writes_its_keys(tmp_path):
+    # Nothing about speed: the script runs to the end and writes reader_ratio
+    # (the reader "auto" picks) and one key per reader it timed.
+    results = tmp_path / "results.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "reader.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--rows", "48", "--image-size", "32", "--crop", "24",
+         "--batch-size", "8", "--batches", "2", "--rounds", "2", "--warmup", "1",
+         "--workdir", str(tmp_path / "work"), "--results", str(results)],
+        capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    written = json.loads(results.read_text())
+    from dist_dl.read.dataset import choose_reader
+
+    auto = choose_reader("auto")
+    assert written["reader_ratio"]["reader"] == auto
+    assert written["reader_ratio"]["rounds"] == written[f"reader_ratio.{auto}"]["rounds"]
+    assert len(written["reader_ratio.arrow"]["rounds"]) == 2
+    assert ("reader_arrow_vs_petastorm" in written) == (auto == "petastorm")
