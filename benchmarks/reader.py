@@ -96,7 +96,8 @@ def main(argv=None):
         return lambda: iter(make_dataset(url, 0, 1, args.batch_size, training=True,
                                          config=chosen))
 
-    readers = ["arrow"] if choose_reader("auto") == "arrow" else ["petastorm", "arrow"]
+    auto = choose_reader("auto")  # what make_dataset reads with here by default
+    readers = ["arrow"] if auto == "arrow" else ["petastorm", "arrow"]
 
     def baseline():
         return iter(tf.data.Dataset.from_tensor_slices(tf.constant(jpegs)).repeat()
@@ -156,7 +157,7 @@ def main(argv=None):
             [r[name + "_ratio"] for r in rounds], goal=GOALS["reader_ratio"],
             reader_images_per_second=summary[f"{name}_img_s"],
             baseline_images_per_second=summary["baseline_img_s"]) for name in readers}
-        entries["reader_ratio"] = dict(entries[f"reader_ratio.{readers[0]}"], reader=readers[0])
+        entries["reader_ratio"] = dict(entries[f"reader_ratio.{auto}"], reader=auto)
         if "petastorm" in readers:
             entries["reader_arrow_vs_petastorm"] = result_entry(
                 [r["arrow"] / r["petastorm"] for r in rounds])

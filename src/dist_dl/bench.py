@@ -423,12 +423,17 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         def peer():
             import horovod.spark
 
+            from dist_dl.launch.spark import cluster_nics
+
             prefix = os.path.join(scratch, f"t{next(counter)}")
             with CpuSampler() as sampler:
                 ranks = horovod.spark.run(_peer_fit, args=(files, scaled, steps,
                                                            StepRecorder(prefix), worker_threads),
                                           num_proc=cfg.workers, verbose=0,
-                                          env=dict(os.environ, **compat.worker_env()))
+                                          env=dict(os.environ, **compat.worker_env()),
+                                          # The interface the library's own Spark
+                                          # backend gives Horovod (separate hosts).
+                                          nics=cluster_nics(spark))
             peer_info.update(ranks[0])
             return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
                             cfg.warmup_steps, True) + (sampler, cfg.workers)

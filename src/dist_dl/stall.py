@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 
+from dist_dl.sparkconf import conf_value
+
 __all__ = ["StallWatch", "SparkStalled", "stall_timeout", "STALL_TIMEOUT_KEY"]
 
 STALL_TIMEOUT_KEY = "spark.dist_dl.stallTimeout"
@@ -41,9 +43,7 @@ def stall_timeout(sc) -> float:
     Raises:
         ValueError: the setting is not a number >= 0.
     """
-    # The context's live SparkConf, one key: getConf() copies every entry,
-    # one Py4J call each (about 100 per call of this function, on every job).
-    raw = sc._conf.get(STALL_TIMEOUT_KEY, str(_DEFAULT_TIMEOUT))
+    raw = conf_value(sc, STALL_TIMEOUT_KEY, str(_DEFAULT_TIMEOUT))
     try:
         value = float(str(raw).rstrip("s"))
     except ValueError:
@@ -119,7 +119,7 @@ def executor_reports(sc) -> list[str]:
 
 def live_executors(sc) -> list[str]:
     """host:port of the executors registered now (the driver left out)."""
-    driver = sc._conf.get("spark.driver.host", "")  # one key (see stall_timeout)
+    driver = conf_value(sc, "spark.driver.host", "")
     infos = sc._jsc.sc().statusTracker().getExecutorInfos()
     out = [f"{info.host()}:{info.port()}" for info in infos]
     # The driver is listed first (its own block manager).
@@ -213,8 +213,8 @@ class StallWatch:
         """What Spark reports now about the executors, and what to check."""
         alive = live_executors(self.sc) if alive is None else alive
         lost = executor_reports(self.sc)[self._reports_before:] if lost is None else lost
-        conf = self.sc._conf  # the live SparkConf (see stall_timeout)
-        driver = f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
+        driver = (f"{conf_value(self.sc, 'spark.driver.host', '?')}:"
+                  f"{conf_value(self.sc, 'spark.driver.port', '?')}")
         if lost:
             shown = "\n".join(f"  {line}" for line in lost[-5:])
             state = (f"{len(lost)} executor(s) were removed or lost, the last ones:\n{shown}\n"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 
+from dist_dl.sparkconf import conf_value
+
 __all__ = ["PartitionMemoryError", "estimate_partition_memory", "task_memory",
            "check_partition_memory"]
 
@@ -36,24 +38,21 @@ def estimate_partition_memory(rows: int, num_features: int, *, memory_factor: fl
 
 def task_memory(spark) -> tuple[int, str]:
     """Memory one Python task may use, and where that figure comes from."""
-    # The context's live SparkConf: getConf() would copy every entry, one
-    # Py4J call each (about 100 per train_ensemble call, measured).
-    conf = spark.sparkContext._conf
-    cores = int(conf.get("spark.executor.cores", "1") or 1)
-    pyspark_mem = conf.get("spark.executor.pyspark.memory", None)
+    sc = spark.sparkContext
+    cores = int(conf_value(sc, "spark.executor.cores", "1") or 1)
+    pyspark_mem = conf_value(sc, "spark.executor.pyspark.memory")
     if pyspark_mem:
         # Spark sets this, divided by the executor's cores, as each Python
         # worker's address-space limit (PythonRunner).
         return (_parse_size(pyspark_mem) // cores,
                 f"spark.executor.pyspark.memory={pyspark_mem} / spark.executor.cores={cores}")
-    master = spark.sparkContext.master
-    if master.startswith("local"):
+    if sc.master.startswith("local"):
         from dist_dl.session import task_slots
 
         slots = max(1, task_slots(spark))
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total // slots, f"this machine's memory / {slots} local task slots"
-    executor = conf.get("spark.executor.memory", "1g")
+    executor = conf_value(sc, "spark.executor.memory", "1g")
     # Without a Python limit, workers share the executor's node; its JVM size
     # per core is a conservative stand-in for what each can use.
     return (_parse_size(executor) // cores,

@@ -17,6 +17,7 @@ from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.session import get_spark, task_slots
+from dist_dl.sparkconf import conf_value
 from dist_dl.stall import SparkStalled, StallWatch
 
 __all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
@@ -43,13 +44,13 @@ def cluster_nics(spark) -> set[str] | None:
     half the driver processes pick ``lo``, so workers on other hosts are told
     to meet at 127.0.0.1 and abort (exit code 134).
     """
-    conf = spark.sparkContext._conf  # the live SparkConf (dist_dl.stall.stall_timeout)
-    given = [n.strip() for n in (conf.get(NICS_KEY, "") or "").split(",") if n.strip()]
+    sc = spark.sparkContext
+    given = [n.strip() for n in (conf_value(sc, NICS_KEY, "") or "").split(",") if n.strip()]
     if given:
         return set(given)
-    if spark.sparkContext.master.startswith("local"):
+    if sc.master.startswith("local"):
         return None
-    host = conf.get("spark.driver.host", "") or ""
+    host = conf_value(sc, "spark.driver.host", "") or ""
     try:
         address = socket.gethostbyname(host) if host else ""
     except OSError:

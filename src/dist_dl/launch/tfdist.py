@@ -56,6 +56,7 @@ from dist_dl.launch.local import LocalBackend, run_processes
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
+from dist_dl.sparkconf import conf_value
 
 __all__ = ["ENGINE", "TFLocalBackend", "TFSparkBackend", "multi_worker_strategy", "tf_config",
            "pick_ports"]
@@ -271,8 +272,7 @@ class TFSparkBackend:
         sc = spark.sparkContext
         check_slots(spark, num_proc, self.slot_wait, runner=RUNNER)
         group = f"dist_dl-tf-{options.job_id}"
-        # One key of the live SparkConf (getConf() copies every entry, see stall.py).
-        host = sc._conf.get("spark.driver.host", None) or socket.gethostname()
+        host = conf_value(sc, "spark.driver.host") or socket.gethostname()
         server = _OutputServer(host, sink, on_failure=lambda: sc.cancelJobGroup(group))
         payload = cloudpickle.dumps((dataclasses.replace(options, engine=ENGINE), fn, kwargs))
         task = functools.partial(_barrier_task, payload, server.address, server.token,

@@ -28,6 +28,7 @@ from dist_dl.integrity import signature_matches as _signature_matches
 from dist_dl.optional import require
 from dist_dl.session import job_group
 from dist_dl.settings import checked, setting
+from dist_dl.sparkconf import conf_value
 from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
@@ -271,7 +272,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         client.log_metric(run_id, metric_name, value, step=step)
         return prune
 
-    host = sc._conf.get("spark.driver.host", None) or "127.0.0.1"  # one key (dist_dl.stall)
+    host = conf_value(sc, "spark.driver.host") or "127.0.0.1"
     # Bound to the driver's own address (loopback locally): executors reach
     # it, nothing else needs to, and every message must be signed with the
     # token (which itself never goes over this connection; see task.py).
