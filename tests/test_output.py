@@ -68,10 +68,9 @@ def test_the_embedded_session_starts_quietly_and_keeps_warnings(tmp_path):
 @pytest.mark.timeout(300)
 def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark, tmp_path):
     import mlflow
-    import tensorflow as tf
     import yaml
 
-    from dist_dl import pipeline
+    from dist_dl import compat, pipeline
     from dist_dl.config import PipelineConfig, load_config
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
@@ -83,9 +82,9 @@ def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark
     pipeline.prepare_data(load_config(PipelineConfig, None, settings), spark=spark)
     mlflow.set_tracking_uri(settings["tracking"]["tracking_uri"])  # the fixture restores it
     spec = ImagePreprocessing(image_size=16)
-    model = tf.keras.Sequential([tf.keras.Input(spec.input_shape),
-                                 tf.keras.layers.GlobalAveragePooling2D(),
-                                 tf.keras.layers.Dense(3)])
+    keras = compat.keras()  # tf-keras where Keras 3 is the default (dbr-15.4-ml)
+    model = keras.Sequential([keras.Input(spec.input_shape), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(3)])
     settings["score"]["model_uri"] = log_keras_classifier(model, spec).model_uri
     config = tmp_path / "score.yaml"
     config.write_text(yaml.safe_dump(settings))

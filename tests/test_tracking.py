@@ -174,6 +174,19 @@ def test_shape_mismatch_names_the_fix():
         log_keras_classifier(small_classifier(), ImagePreprocessing(32))
 
 
+def test_a_model_of_another_keras_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="must be a Keras Model of .*, got builtins.object"):
+        log_keras_classifier(object(), SPEC)
+    if compat.keras3_default():  # dbr-15.4-ml: `keras` and plain tf.keras are Keras 3
+        import keras
+
+        model = keras.Sequential([keras.Input(SPEC.input_shape), keras.layers.Flatten(),
+                                  keras.layers.Dense(10)])
+        with pytest.raises(ValueError, match=r"Keras 3 model \(keras\..*Sequential\).*"
+                                             r"dist_dl.compat.keras\(\).*TF_USE_LEGACY_KERAS=1"):
+            log_keras_classifier(model, SPEC)
+
+
 def _check_registration(model, blobs):
     first = log_keras_classifier(model, SPEC, registered_model_name="digits")
     second = log_keras_classifier(model, SPEC, registered_model_name="digits")

@@ -38,7 +38,8 @@ import os
 import sys
 
 __all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
-           "require_tf_keras", "pickle_tensorflow_lazy_modules_by_name", "shallow_fields"]
+           "require_tf_keras", "not_a_library_keras_model", "pickle_tensorflow_lazy_modules_by_name",
+           "shallow_fields"]
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 # The TensorFlow distributions whose version names the tf-keras to install.
@@ -104,6 +105,20 @@ def keras():
     import tensorflow as tf
 
     return tf.keras
+
+
+def not_a_library_keras_model(model) -> str:
+    """Why ``model`` is not a model of :func:`keras` (for the error), and what
+    to do: where Keras 3 is TensorFlow's default, a model built with
+    ``tf.keras`` or ``keras`` in a process without ``TF_USE_LEGACY_KERAS=1``
+    is a Keras 3 model, which the library's Keras 2 cannot save or load."""
+    kind = f"{type(model).__module__}.{type(model).__name__}"
+    if keras3_default() and type(model).__module__.split(".")[0] == "keras":
+        return (f"model is a Keras 3 model ({kind}); with this TensorFlow the library saves and "
+                "loads Keras 2 models (tf-keras, as Horovod needs, horovod#4290): build it with "
+                "dist_dl.compat.keras() (or `import tf_keras`), or set TF_USE_LEGACY_KERAS=1 "
+                "before TensorFlow is first imported so that tf.keras is Keras 2")
+    return f"model must be a Keras Model of {keras().__name__}, got {kind}"
 
 
 def _point_at_keras2_backend(module) -> None:

@@ -140,7 +140,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     from dist_dl.tracking.pyfunc import KERAS_ARTIFACT, KerasImageClassifier
 
     if not isinstance(model, keras.Model):
-        raise ValueError(f"model must be a tf.keras Model, got {type(model).__name__}")
+        raise ValueError(compat.not_a_library_keras_model(model))
     expected = tuple(preprocessing.input_shape)
     actual = tuple(model.input_shape[1:]) if isinstance(model.input_shape, tuple) else None
     if actual is not None and all(a is not None for a in actual) and actual != expected:
