@@ -13,7 +13,7 @@ import importlib
 import re
 from types import ModuleType
 
-__all__ = ["require", "PACKAGES"]
+__all__ = ["require", "install_hint", "PACKAGES"]
 
 # Top-level import name -> (pip requirement, extra of dist_dl that installs
 # it, or None for a requirement of dist_dl itself). Kept in step with setup.py.
@@ -41,13 +41,19 @@ def require(module: str, needed_for: str) -> ModuleType:
             needs it and the pip command that installs it.
     """
     top = module.partition(".")[0]
-    requirement, extra = PACKAGES[top]
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        name = re.split(r"[<>=!~\[; ]", requirement)[0]
-        how = (f"pip install 'dist_dl[{extra}]' (or pip install '{requirement}')" if extra
-               else f"pip install '{requirement}' (a requirement of dist_dl: install dist_dl "
-                    "with its dependencies)")
+        name = re.split(r"[<>=!~\[; ]", PACKAGES[top][0])[0]
         raise ImportError(f"{needed_for} needs {name}, which cannot be imported here ({exc}): "
-                          f"{how}") from exc
+                          f"{install_hint(top)}") from exc
+
+
+def install_hint(top: str) -> str:
+    """The pip command that installs the package imported as ``top`` (a key
+    of ``PACKAGES``): its extra of dist_dl, or its own requirement."""
+    requirement, extra = PACKAGES[top]
+    if extra:
+        return f"pip install 'dist_dl[{extra}]' (or pip install '{requirement}')"
+    return (f"pip install '{requirement}' (a requirement of dist_dl: install dist_dl with its "
+            "dependencies)")

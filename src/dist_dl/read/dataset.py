@@ -178,10 +178,14 @@ def choose_reader(reader: str = "auto") -> str:
     except Exception as exc:  # Petastorm 0.13.1 on pyarrow 16+ fails as it imports.
         if reader == "auto":
             return "arrow"
+        # Not optional.require: Petastorm that is installed but broken (0.13.1
+        # on pyarrow 16+) raises more than ImportError; the hint is the same.
+        from dist_dl.optional import install_hint
+
         raise ImportError(
             f"reader='petastorm' needs Petastorm, which does not import here "
-            f"({type(exc).__name__}: {exc}): pip install 'dist_dl[petastorm]' (Petastorm "
-            "0.13.1 needs pyarrow<16), or set reader='arrow' (or 'auto', which uses it where Petastorm "
+            f"({type(exc).__name__}: {exc}): {install_hint('petastorm')}; Petastorm 0.13.1 "
+            "needs pyarrow<16. Or set reader='arrow' (or 'auto', which uses it where Petastorm "
             "is missing)") from exc
     return "petastorm"
 
