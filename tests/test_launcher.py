@@ -53,6 +53,24 @@ def test_allreduce_local_spark(spark, engine):
     _check_allreduce(runner.run(ALLREDUCE[engine]))
 
 
+@engines
+@pytest.mark.timeout(180)
+def test_the_driver_keeps_its_signal_handlers_after_a_job_on_spark(spark, engine):
+    """Horovod's Gloo launcher replaced the driver's SIGINT and SIGTERM
+    handlers for good: after one job, Ctrl-C no longer interrupted the
+    program and SIGTERM no longer ended it. They are put back after the job."""
+    import signal
+
+    sentinel = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, sentinel)
+    try:
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        _check_allreduce(RUNNERS[engine](np=2, spark=spark).run(ALLREDUCE[engine]))
+        assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_allreduce_standalone_cluster(cluster_spark):

@@ -103,3 +103,25 @@ def test_stall_timeout_setting_is_checked(spark):
             stall_timeout(spark.sparkContext)
     finally:
         spark.sparkContext._conf.set("spark.dist_dl.stallTimeout", "180")
+
+
+@pytest.mark.timeout(120)
+def test_an_embedded_session_leaves_no_scratch_folder_behind(tmp_path):
+    """get_spark makes a scratch folder for Spark's local dirs, warehouse and
+    logging set-up; it goes when the process ends (each session left one in
+    /tmp before)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from dist_dl.session import get_spark\n"
+            "spark = get_spark('local[1]')\n"
+            "assert spark.range(3).count() == 3\n"
+            "print(spark.sparkContext.getConf().get('spark.local.dir'))\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=100, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    local_dir = result.stdout.strip().splitlines()[-1]
+    assert local_dir.startswith(str(tmp_path)), local_dir
+    assert not os.path.exists(os.path.dirname(local_dir)), os.listdir(tmp_path)

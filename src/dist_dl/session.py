@@ -7,9 +7,11 @@ one on a cluster's master with the driver reachable from the other hosts.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -88,6 +90,10 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # The session's scratch folder goes with the process (Spark removes only
+    # the folders it made inside spark.local.dir): every session used to
+    # leave one in /tmp.
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     return spark
 
 

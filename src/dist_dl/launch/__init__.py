@@ -1,10 +1,10 @@
 """Launching workers: driver-side runner and backends, plus ``worker``, the
 code every worker runs around the user's function."""
-from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError
+from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError
 from dist_dl.launch.backend import auto_engine
 from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner
 from dist_dl.launch.tfdist import multi_worker_strategy
 from dist_dl.launch.worker import log_to_driver
 
 __all__ = ["HorovodRunner", "TFDistributeRunner", "multi_worker_strategy", "auto_engine",
-           "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots"]
+           "log_to_driver", "WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots"]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: the sink is handed in by the backends
     from dist_dl.launch.protocol import DriverSink
 
-__all__ = ["WorkerError", "JobTimeout", "NotEnoughSlots", "failure_from"]
+__all__ = ["WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots", "failure_from"]
 
 
 class WorkerError(RuntimeError):
@@ -39,6 +39,13 @@ class WorkerError(RuntimeError):
 
 class JobTimeout(TimeoutError):
     """The job ran longer than the runner's ``timeout``; all workers were stopped."""
+
+
+class JobCancelled(RuntimeError):
+    """The job's Spark tasks were cancelled from outside the runner (a
+    job-group cancel, ``cancelAllJobs()``, the Spark UI's kill link, the
+    SparkContext stopped); its workers were stopped. Not retried: somebody
+    asked for the job to end."""
 
 
 class NotEnoughSlots(RuntimeError):

@@ -88,6 +88,10 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             try:
                 os.killpg(proc.pid, sig)
                 alive = True
+                if sig == signal.SIGTERM:
+                    # A stopped worker (SIGSTOP, a debugger) acts on SIGTERM
+                    # only once continued, as service managers do it.
+                    os.killpg(proc.pid, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):
                 pass
         if not alive:

@@ -7,13 +7,16 @@ import functools
 import ipaddress
 import re
 import shutil
+import os
+import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
 
 from dist_dl import compat
-from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
+from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.session import get_spark, task_slots
@@ -27,6 +30,12 @@ NICS_KEY = "spark.dist_dl.nics"
 # One Horovod Spark job at a time per driver: the timeout backstop cancels
 # "the" running job group, whose name Horovod derives from a counter.
 _RUN_LOCK = threading.Lock()
+# Why the running job's Spark job failed (the exception its Spark thread saw),
+# and whether Horovod's launch had failed before (then Horovod cancelled the
+# job itself), recorded by _record_spark_failures; one job at a time (_RUN_LOCK).
+_SPARK_FAILURE: list[tuple[BaseException, bool]] = []
+_LAUNCH_FAILED = threading.Event()
+_CANCELLED = re.compile(r"\bcancell?ed\b", re.I)
 
 
 def cluster_nics(spark) -> set[str] | None:
@@ -156,11 +165,15 @@ class SparkBackend:
         spark = self.spark or get_spark()
         slots = check_slots(spark, num_proc, self.slot_wait)
         wait_for_free_slots(spark, num_proc, slots, options.timeout)
-        _allow_off_main_thread()
+        _patch_shutdown_event()
         _stream_output_live()
+        _prompt_termination_on_tasks()
+        _record_spark_failures()
         worker_fn = functools.partial(run_worker, options, fn, kwargs)
         stream = sink.stream()
         with _RUN_LOCK:
+            _SPARK_FAILURE.clear()
+            _LAUNCH_FAILED.clear()
             expired = threading.Event()
             backstop = None
             # Horovod names its job group after a counter it increments at
@@ -176,6 +189,8 @@ class SparkBackend:
                 backstop = threading.Timer(options.timeout + self.grace, cancel)
                 backstop.daemon = True
                 backstop.start()
+            signals = _RunSignals()
+            _SIGNALS.append(signals)
             try:
                 with stall:
                     results = horovod.spark.run(
@@ -185,6 +200,13 @@ class SparkBackend:
                         nics=set(self.nics) if self.nics else cluster_nics(spark))
             except Exception as exc:
                 sink.close()
+                signals.restore()
+                if signals.received is not None:
+                    # Ctrl-C (or SIGTERM) stopped the workers: that is the error.
+                    try:
+                        signals.deliver()
+                    except KeyboardInterrupt as interrupt:
+                        raise interrupt from exc
                 if stall.stalled:
                     raise SparkStalled(stall.message) from exc
                 if "Timed out waiting for Spark tasks to start" in str(exc):
@@ -192,6 +214,14 @@ class SparkBackend:
                         f"the {num_proc} Spark tasks of HorovodRunner(np={num_proc}) did not all "
                         f"start within start_timeout={self.start_timeout:g} s. "
                         + stall.describe()) from exc
+                spark_failure, after_launch = (_SPARK_FAILURE[0] if _SPARK_FAILURE
+                                               else (None, True))
+                if (not expired.is_set() and not after_launch
+                        and _CANCELLED.search(str(spark_failure))):
+                    reason = _spark_reason(spark_failure)
+                    raise JobCancelled(
+                        f"the Spark job of HorovodRunner(np={num_proc}) was cancelled from "
+                        f"outside ({reason}); its workers were stopped") from exc
                 if expired.is_set() and sink.first("timeout") is None:
                     raise JobTimeout(
                         f"the job did not finish within its timeout of {options.timeout:g} s "
@@ -200,8 +230,58 @@ class SparkBackend:
             finally:
                 if backstop is not None:
                     backstop.cancel()
+                signals.restore()
+                _SIGNALS.remove(signals)
         sink.close()
+        signals.deliver()
         return results[0]
+
+
+def _spark_reason(exc: BaseException) -> str:
+    """The first line of Spark's own message in a Py4J error."""
+    text = str(exc)
+    match = re.search(r"SparkException: ([^\n]+)", text)
+    return (match.group(1) if match else text.strip().splitlines()[-1])[:300]
+
+
+def _record_spark_failures() -> None:
+    """Keep the exception that failed a Horovod job's Spark job.
+
+    ``horovod.spark.run`` runs its Spark job in a thread of its own; when that
+    job fails, the thread calls ``SparkDriverService.notify_spark_job_failed``
+    inside its ``except`` block and re-raises into nowhere (the thread ends),
+    and ``run`` raises only "Spark job has failed, see the error above". The
+    exception is read here, in that call, so the driver can tell a
+    cancellation from a failure. When Horovod's launch fails first (a
+    worker's error, a timeout, Ctrl-C), ``run`` cancels its own Spark job:
+    that cancellation is a consequence, told apart by the order (the launch
+    is wrapped to note its failure).
+    """
+    from horovod.spark import runner
+    from horovod.spark.driver.driver_service import SparkDriverService
+
+    original = SparkDriverService.notify_spark_job_failed
+    if getattr(original, "_dist_dl_wrapped", False):
+        return
+
+    def notify_spark_job_failed(self):
+        exc = sys.exc_info()[1]
+        if exc is not None and not _SPARK_FAILURE:
+            _SPARK_FAILURE.append((exc, _LAUNCH_FAILED.is_set()))
+        return original(self)
+
+    launch = runner._launch_job
+
+    def _launch_job(*args, **kwargs):
+        try:
+            return launch(*args, **kwargs)
+        except BaseException:
+            _LAUNCH_FAILED.set()
+            raise
+
+    notify_spark_job_failed._dist_dl_wrapped = True
+    SparkDriverService.notify_spark_job_failed = notify_spark_job_failed
+    runner._launch_job = _launch_job
 
 
 def _first_failed(exc: Exception) -> tuple[int, int] | None:
@@ -255,15 +335,75 @@ def _stream_output_live() -> None:
         network.shutil = _LiveCopy()
 
 
-def _allow_off_main_thread() -> None:
-    """Let ``horovod.spark.run`` work from a thread other than the main one.
+def _prompt_termination_on_tasks() -> None:
+    """Every Spark task of a Horovod job ends its worker processes promptly
+    when the job is aborted or the task killed (see
+    :mod:`dist_dl.launch.termination`: Horovod's own sequence waits out
+    5 s it can never use)."""
+    from horovod.spark import runner
 
-    Its Gloo launcher installs SIGINT/SIGTERM handlers
-    (``horovod.runner.gloo_run.register_shutdown_event``), which Python allows
-    only in the main thread: from any other thread (a notebook's execution
-    thread, a web service, a pipeline's worker thread) it raises ValueError.
-    Horovod is unmaintained (0.28.1 is its last release), so the function is
-    wrapped here: off the main thread it returns an event without handlers.
+    from dist_dl.launch.termination import wrap_mapper
+
+    runner._make_mapper = wrap_mapper(runner._make_mapper)
+
+
+class _RunSignals:
+    """Ctrl-C and SIGTERM during one ``horovod.spark.run`` on the main thread.
+
+    Horovod's Gloo launcher (``horovod.runner.gloo_run.register_shutdown_event``)
+    replaces the process's SIGINT and SIGTERM handlers with one that sets an
+    event (on which it stops its workers) and never puts the old ones back:
+    after one Horovod job, Ctrl-C no longer interrupts the user's program (a
+    notebook's interrupt button included) and SIGTERM no longer ends it, and
+    Ctrl-C during the job surfaces as some other error, or as none. Here the
+    handlers set Horovod's event and remember the signal; after the job they
+    are restored, and the signal is delivered as it was meant: SIGINT as
+    KeyboardInterrupt, SIGTERM to the restored handler.
+    """
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def install(self) -> threading.Event:
+        event = threading.Event()
+
+        def handler(signum, frame):
+            if self.received is None:
+                self.received = signum
+            event.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, handler)
+        return event
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def deliver(self) -> None:
+        """After :meth:`restore`: act on the signal received, if any."""
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is not None:
+            os.kill(os.getpid(), self.received)
+
+
+# The running job's signals (one job at a time: _RUN_LOCK).
+_SIGNALS: list[_RunSignals] = []
+
+
+def _patch_shutdown_event() -> None:
+    """Horovod's ``register_shutdown_event``, made safe.
+
+    Off the main thread it raised ValueError (Python allows signal handlers
+    only there), so ``horovod.spark.run`` failed from a notebook's execution
+    thread, a web service or a pipeline's worker thread: there it returns an
+    event without handlers. On the main thread during a job of this module,
+    the handlers are :class:`_RunSignals`'s. Horovod is unmaintained (0.28.1 is
+    its last release), so the function is wrapped here.
     """
     from horovod.runner import gloo_run
 
@@ -272,9 +412,11 @@ def _allow_off_main_thread() -> None:
         return
 
     def register_shutdown_event():
-        if threading.current_thread() is threading.main_thread():
-            return original()
-        return threading.Event()
+        if threading.current_thread() is not threading.main_thread():
+            return threading.Event()
+        if _SIGNALS:
+            return _SIGNALS[-1].install()
+        return original()
 
     register_shutdown_event._dist_dl_wrapped = True
     gloo_run.register_shutdown_event = register_shutdown_event

@@ -278,7 +278,10 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     try:
         result, attempts = _attempts(spec, cfg, backend, spark, client, run_id)
     except BaseException as exc:
-        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        from dist_dl.launch import JobCancelled
+
+        killed = isinstance(exc, (KeyboardInterrupt, JobCancelled))
+        client.set_terminated(run_id, "KILLED" if killed else "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
     return TrainedModel(run_id=run_id, model_uri=result["model_uri"], tracking_uri=uri,

@@ -1,0 +1,109 @@
+"""How Horovod's Spark tasks end their worker processes, made prompt.
+
+On a Spark executor, each Horovod worker runs as ``sh -c "env ... python -m
+horovod.spark.task.gloo_exec_fn ..."`` under a "middleman" process
+(``horovod.runner.common.util.safe_shell_exec``), which ends the shell and the
+worker when the job is aborted or the Spark task is killed. Horovod 0.28.1's
+``terminate_executor_shell_and_children`` sends SIGTERM to the shell's
+children, waits up to 5 s, then *stops the shell with SIGSTOP*, kills the
+children, and sends SIGTERM to the stopped shell and waits another 5 s for it:
+a stopped process cannot act on SIGTERM, so that wait always runs out before
+the SIGKILL. A worker that is itself stopped (SIGSTOP, a debugger, a frozen
+cgroup) waits out the first 5 s too. Measured on the cluster of separate hosts
+(tests/test_reliability.py, a worker stopped with SIGSTOP): its processes
+were gone 10.1 s after the driver's timeout error.
+
+Here the tree is ended as service managers do (systemd sends SIGCONT after
+SIGTERM for this reason): SIGTERM and SIGCONT to every process under the
+shell, the same grace for them to exit, then SIGKILL to what is left and to
+the shell. Horovod is unmaintained (0.28.1, June 2023, is its last release),
+so the middleman is wrapped rather than fixed upstream.
+
+The wrapping happens where the middleman starts: in the Python worker of each
+Spark task, before Horovod's task function runs (:func:`wrap_mapper` is put
+around Horovod's Spark mapper on the driver). ``safe_shell_exec.execute``
+starts the middleman with multiprocessing's ``spawn``, which pickles its target
+by name: the target set here is :func:`_middleman` of this module, which the
+new interpreter imports, and which patches its own fresh copy of Horovod's
+module before running Horovod's middleman.
+"""
+from __future__ import annotations
+
+import signal
+
+__all__ = ["terminate_tree", "wrap_mapper", "prompt_termination"]
+
+GRACE_S = 5.0   # as Horovod's GRACEFUL_TERMINATION_TIME_S
+
+
+def terminate_tree(pid: int, grace: float = GRACE_S) -> None:
+    """End the process ``pid`` (the executor shell) and everything under it:
+    SIGTERM and SIGCONT to every descendant, ``grace`` seconds for them to
+    exit, then SIGKILL to the survivors and to ``pid`` itself."""
+    import psutil
+
+    try:
+        shell = psutil.Process(pid)
+        tree = shell.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                break
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    # Anything the workers started meanwhile, too.
+    try:
+        alive += [p for p in shell.children(recursive=True) if p not in alive]
+    except psutil.NoSuchProcess:
+        pass
+    for proc in alive + [shell]:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _middleman(*args, **kwargs):
+    """Horovod's middleman with :func:`terminate_tree` in place of its own.
+    Runs in the process ``spawn`` made, whose copy of Horovod's module is
+    fresh (its ``_exec_middleman`` is Horovod's own); in a process where
+    :func:`prompt_termination` ran, the original is kept on this function."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    original = safe_shell_exec._exec_middleman
+    if original is _middleman:
+        original = _middleman.__wrapped__
+    safe_shell_exec.terminate_executor_shell_and_children = terminate_tree
+    return original(*args, **kwargs)
+
+
+def prompt_termination() -> None:
+    """In this process (a Spark task's Python worker): the middlemen that
+    ``safe_shell_exec.execute`` starts from now on run :func:`_middleman`."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    if safe_shell_exec._exec_middleman is not _middleman:
+        _middleman.__wrapped__ = safe_shell_exec._exec_middleman
+        safe_shell_exec._exec_middleman = _middleman
+
+
+def wrap_mapper(make_mapper):
+    """Wrap Horovod's ``horovod.spark.runner._make_mapper``: each task first
+    calls :func:`prompt_termination`, then runs Horovod's task function."""
+    if getattr(make_mapper, "_dist_dl_wrapped", False):
+        return make_mapper
+
+    def make(*args, **kwargs):
+        mapper = make_mapper(*args, **kwargs)
+
+        def prompt_mapper(index, iterator):
+            prompt_termination()
+            return mapper(index, iterator)
+
+        return prompt_mapper
+
+    make._dist_dl_wrapped = True
+    return make
