@@ -93,6 +93,64 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on its item, for fixtures that record outcomes."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture
+def scenario(request):
+    """Records reliability scenarios for docs/RELIABILITY.md (tests/reliability.py):
+    ``s = scenario("F3 hosts", title, done, passes)``, then ``s.figure(...)``
+    for what was measured; the row's result is the test's outcome."""
+    import reliability
+
+    made = []
+
+    def make(key: str, title: str, done: str, passes: str) -> "reliability.Scenario":
+        s = reliability.Scenario(key, title, done, passes, test=request.node.nodeid)
+        made.append(s)
+        return s
+
+    yield make
+    report = getattr(request.node, "report_call", None)
+    for s in made:
+        if report is None or report.skipped:
+            continue
+        lines = report.longreprtext.strip().splitlines() if report.failed else []
+        reliability.record(s, report.passed, lines[-1] if lines else "")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import reliability
+
+    reliability.write()
+
+
+@pytest.fixture(scope="session")
+def hosts():
+    """The cluster of separate hosts (tests/hosts.py), one for the session:
+    the separate-hosts tests and the reliability suite share it. Under
+    CI=true a missing capability fails the tests instead of skipping them."""
+    from hosts import HostCluster, base_folder, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI must run the separate-hosts tests")
+        pytest.skip(reason)
+    cluster = HostCluster(base_folder())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.leftovers() == [], f"left behind: {cluster.leftovers()}"
+
+
 @pytest.fixture
 def spark():
     """A `local[2]` SparkSession, started once and shared (restarted if a

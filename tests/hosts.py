@@ -89,7 +89,7 @@ class Host:
             _kill_group(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             raise TimeoutError(f"{argv[:3]} on {self.name} did not end within {timeout:g} s\n"
-                               f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+                               f"stdout:\n{out[-4000:]}\nstderr:\n{err[-16000:]}")
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def read(self, path: str) -> str:
@@ -324,7 +324,13 @@ class HostCluster:
         shared folder) and ``ready(spark)`` (waits for both executors) as
         globals.
         """
+        # A program still running 15 s before its timeout prints every
+        # thread's stack to stderr, which the timeout error quotes: a hang
+        # seen once in CI (train_distributed after its last epoch) left
+        # nothing to go on.
         prelude = (f"MASTER = {self.master_url!r}\nSHARED = {str(self.shared)!r}\n"
+                   f"import faulthandler as _fh, sys as _sys\n"
+                   f"_fh.dump_traceback_later({max(timeout - 15, 1)!r}, file=_sys.stderr)\n"
                    + _READY)
         script = prelude + textwrap.dedent(code)
         result = self.hosts["driver"].run([sys.executable, "-c", script],

@@ -3,7 +3,8 @@ master, two workers and the driver, each with its own address and /tmp,
 sharing one folder as DBFS would. Driver programs run on the driver host.
 
 Needs root; under CI=true a missing capability fails the tests instead of
-skipping them. One cluster serves the whole module.
+skipping them. One cluster (the `hosts` fixture of conftest.py) serves the
+session: the reliability suite runs on it too.
 """
 from __future__ import annotations
 
@@ -12,25 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hosts import HostCluster, base_folder, unavailable_reason
+from hosts import HostCluster
 
 pytestmark = [pytest.mark.hosts]
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; CI must run the separate-hosts tests")
-        pytest.skip(reason)
-    cluster = HostCluster(base_folder())
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        assert cluster.leftovers() == [], f"left behind: {cluster.leftovers()}"
 
 
 def _cli(hosts: HostCluster, *args: str, timeout: float = 900) -> str:
