@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,7 +41,17 @@ class Scenario:
         self.figures.append(text)
 
 
+def profile() -> str:
+    """The dependency profile this Python belongs to ('' for the default):
+    each virtual environment is ``.venv`` or ``.venv-<profile>``."""
+    name = os.path.basename(sys.prefix)
+    return name[len(".venv-"):] if name.startswith(".venv-") else ""
+
+
 def record(scenario: Scenario, passed: bool, error: str = "") -> None:
+    if profile():
+        # Each profile keeps rows of its own.
+        scenario.key += f", profile {profile()}"
     scenario.result = "pass" if passed else "FAIL: " + " ".join(error.split())[:300]
     scenario.date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     scenario.machine = f"{os.cpu_count()} cores, {platform.machine()}"
@@ -76,8 +87,9 @@ def write() -> None:
         "replaces its row; the others keep their last result and date. Where: `local` is",
         "local Spark on one machine, `hosts` the cluster of separate hosts in network",
         "namespaces (`tests/hosts.py`: master, two worker hosts and the driver, each with",
-        "its own address and /tmp, sharing one folder). F and S numbers are those of the",
-        "reliability issue (faults, security).",
+        "its own address and /tmp, sharing one folder); \", profile X\" marks a run on",
+        "dependency profile X (README), the default profile otherwise. F and S numbers",
+        "are those of the reliability issue (faults, security).",
         "",
         "Run them: `make test PYTEST_ARGS=\"-m reliability\"` (the default `make test`",
         "runs them too).",

@@ -24,7 +24,7 @@ import pytest
 
 import hosts as hosts_module
 
-pytestmark = [pytest.mark.reliability]
+pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 WHERE = [pytest.param("local", id="local"),
          pytest.param("hosts", id="hosts", marks=pytest.mark.hosts)]
