@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import socket
 import time
 
 import cloudpickle
@@ -148,6 +149,8 @@ def test_worker_exception_names_rank_and_leaves_no_process(tmp_path, engine):
     err = info.value
     assert err.rank == 1 and err.worker_type == "ValueError"
     assert "rank 1" in str(err) and "boom: bad batch 17" in str(err)
+    # ...and where it ran, as the worker reported it when it started.
+    assert err.host == socket.gethostname() and f"on host {err.host}" in str(err)
     assert "fail_on_rank" in err.worker_traceback  # the worker's own traceback
     pids = _pids(pid_file)
     assert len(pids) == 4  # both workers and the child each started
@@ -163,6 +166,7 @@ def test_worker_exception_on_spark(spark, tmp_path, engine):
             workers.fail_on_rank, fail_rank=1, pid_file=pid_file, message="boom on spark",
             use_horovod=engine == "horovod")
     assert info.value.rank == 1 and "boom on spark" in str(info.value)
+    assert info.value.host == socket.gethostname()
     assert "fail_on_rank" in info.value.worker_traceback
     pids = _pids(pid_file)
     assert len(pids) == 4
@@ -426,3 +430,33 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
             os.environ.pop(name, None)
     monkeypatch.undo()  # sparkdl off sys.path again
     assert not isinstance(select_backend(4), DatabricksBackend)
+
+
+def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
+    """A worker that ends because Gloo waited past its timeout for another
+    rank is the one that waited; the error says so, and names the other ranks
+    with their hosts (one of them stopped answering)."""
+    from dist_dl.launch.errors import failure_from
+    from dist_dl.launch.protocol import DriverSink, encode_control
+
+    sink = DriverSink("log_callback_only")
+    sink.feed(encode_control("start", 0, pid=11, host="worker1", time=0.0))
+    sink.feed(encode_control("start", 1, pid=12, host="worker2", time=0.0))
+    sink.feed("[0]<stdout>:step 600\n")
+    sink.feed("[0]<stderr>:[...operations.cc:697] [0]: Horovod background loop uncaught "
+              "exception: [.../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+              "30000ms for recv operation to complete\n")
+    # A long traceback after it pushes it out of the tail of the last lines.
+    for i in range(60):
+        sink.feed(f"[0]<stderr>:  File \"keras/engine.py\", line {i}, in fit\n")
+    err = failure_from(sink, (0, 1), timeout=None)
+    first_line = str(err).splitlines()[0]
+    assert first_line.startswith("worker rank 0 on host worker1 failed: WorkerDied: the "
+                                 "worker process exited with code 1 after Gloo timed out"), err
+    assert "Timed out waiting 30000ms for recv operation" in first_line
+    assert "rank 1 on host worker2" in first_line
+    # Without Gloo's message: a plain exit, no guess about peers.
+    plain = DriverSink("log_callback_only")
+    plain.feed(encode_control("start", 0, pid=11, host="worker1", time=0.0))
+    plain.feed("[0]<stderr>:Segmentation fault\n")
+    assert "Gloo" not in str(failure_from(plain, (0, 139), timeout=None)).splitlines()[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,10 +171,12 @@ def test_an_exception_in_one_worker_is_named_and_leaves_no_process(request, scen
     s = scenario(f"F3 {where}", "exception in one worker",
                  "HorovodRunner(np=2, timeout=60): rank 1 raises after an allreduce, rank 0 "
                  "waits in a sleep; every worker has started a child process",
-                 "the driver's error names rank 1 and the message within timeout + 30 s; "
+                 "the driver's error names rank 1, its host and the message within "
+                 "timeout + 30 s; "
                  "10 s later no worker or child of the job is left on any host")
     out = run_program(request, where, _faulty_job("raise", 60.0))
-    assert out["error"] is not None and "rank 1" in out["error"], out["error"]
+    host = "worker" if where == "hosts" else ""   # rank 1 runs on worker1 or worker2
+    assert out["error"] is not None and f"rank 1 on host {host}" in out["error"], out["error"]
     assert "ValueError: fault injected on rank 1" in out["error"], out["error"]
     _timely_and_nothing_left(s, out, "error on the driver", limit=60 + 30)
 
@@ -350,3 +353,465 @@ def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario, f
         leftovers += [f"{name}:{p}" for p in listing]
     assert leftovers == [], leftovers
     s.figure("run KILLED, no temporary folder left on any host")
+
+
+# ------------------------------------------------------------ F8
+
+_ENSEMBLE_WITH_A_LOST_EXECUTOR = '''
+import glob, signal, socket, threading
+import numpy as np
+from sklearn.datasets import load_wine
+from dist_dl.ensemble import train_ensemble
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+root = os.path.join(SHARED, "f8")
+marks = os.path.join(root, "marks")
+os.makedirs(marks, exist_ok=True)
+wine = load_wine(as_frame=True).frame
+features = [c for c in wine.columns if c != "target"]
+df = spark.createDataFrame(wine)
+
+def factory_for(pause):
+    def factory(member):
+        from pyspark import TaskContext
+        from sklearn.ensemble import RandomForestClassifier
+        # One mark per task attempt (Spark's task id): a retry after a lost
+        # executor may be attempt 0 of a new stage attempt, on the same host.
+        attempt = TaskContext.get().taskAttemptId()
+        open(os.path.join(marks, f"{pause}-{member}-{attempt}-{socket.gethostname()}-"
+                                 f"{os.getpid()}"), "w").close()
+        time.sleep(pause)
+        return RandomForestClassifier(n_estimators=25, random_state=member)
+    return factory
+
+def run(name, pause):
+    out_dir = os.path.join(root, name)
+    ensemble = train_ensemble(df, factory_for(pause), num_models=4, feature_cols=features,
+                              label_col="target", output_dir=out_dir,
+                              tracking_uri=os.path.join(root, "mlruns"), run_name=name)
+    x = wine[features].to_numpy(dtype=np.float64)
+    probas = [m.predict_proba(x).tolist() for m in ensemble.members]
+    files = [os.path.relpath(os.path.join(d, f), out_dir)
+             for d, _, fs in os.walk(out_dir) for f in fs]
+    import mlflow
+    logged = mlflow.artifacts.download_artifacts(ensemble.model_uri,
+                                                 dst_path=os.path.join(root, name + "-model"))
+    logged_members = sorted(os.path.basename(p) for p in glob.glob(
+        os.path.join(logged, "**", "member*"), recursive=True))
+    return {"score": ensemble.score, "probas": probas, "rows": list(ensemble.member_rows),
+            "files": files, "logged_members": logged_members}
+
+baseline = run("baseline", 0.0)
+
+state = {}
+def kill_an_executor():
+    # Once a training task of the second run has started on worker1.
+    while not glob.glob(os.path.join(marks, "6.0-*-worker1-*")):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    jvms = [p for p in job_processes(["CoarseGrainedExecutorBackend"]) if p["host"] == "worker1"]
+    for p in jvms:
+        os.kill(p["pid"], signal.SIGKILL)
+    state["killed"] = [p["pid"] for p in jvms]
+    state["at"] = time.time()
+
+threading.Thread(target=kill_an_executor, daemon=True).start()
+start = time.time()
+faulted = run("faulted", 6.0)
+seconds = time.time() - start
+attempts = sorted(os.path.basename(p) for p in glob.glob(os.path.join(marks, "6.0-*")))
+after_kill = time.time() - state.get("at", time.time())
+
+# A search: the same, with a trial's task on worker1 when its executor dies.
+from dist_dl.search import search, Uniform
+from mlflow.tracking import MlflowClient
+
+def trial(params, reporter):
+    from pyspark import TaskContext
+    open(os.path.join(marks, f"trial-{params['x']:.6f}-{TaskContext.get().taskAttemptId()}-"
+                             f"{socket.gethostname()}"), "w").close()
+    for step in range(3):
+        time.sleep(2.0)
+        reporter.report((params["x"] - 3.0) ** 2 + 1.0 / (step + 1))
+    return (params["x"] - 3.0) ** 2
+
+def kill_during_a_trial():
+    while not glob.glob(os.path.join(marks, "trial-*-worker1")):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    for p in job_processes(["CoarseGrainedExecutorBackend"]):
+        if p["host"] == "worker1":
+            os.kill(p["pid"], signal.SIGKILL)
+            state["trial_killed"] = p["pid"]
+
+threading.Thread(target=kill_during_a_trial, daemon=True).start()
+mlruns = os.path.join(root, "mlruns")
+found = search(trial, {"x": Uniform(0.0, 6.0)}, max_trials=4, max_concurrent=2,
+               early_stopping=None, tracking_uri=mlruns, experiment_name="f8-search",
+               spark=spark)
+client = MlflowClient(mlruns)
+experiment = client.get_experiment_by_name("f8-search")
+children = [r for r in client.search_runs([experiment.experiment_id])
+            if r.data.tags.get("mlflow.parentRunId") == found.parent_run_id]
+trial_marks = sorted(os.path.basename(p) for p in glob.glob(os.path.join(marks, "trial-*")))
+print(json.dumps({"baseline": baseline, "faulted": faulted, "killed": state.get("killed"),
+                  "after_kill": after_kill, "seconds": seconds, "attempts": attempts,
+                  "trial_killed": state.get("trial_killed"), "trial_marks": trial_marks,
+                  "trials": [[t.number, t.params["x"], t.status, t.value]
+                             for t in found.trials],
+                  "children": sorted([r.data.tags.get("dist_dl.trial"), r.info.status]
+                                     for r in children)}))
+'''
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.hosts
+def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothing(request, scenario):
+    s = scenario("F8 hosts", "executor lost during an ensemble or a search",
+                 "train_ensemble(num_models=4, random forests) on the cluster, once "
+                 "undisturbed and once with worker1's executor JVM SIGKILLed while its "
+                 "first training task runs (each member's factory pauses 6 s); then "
+                 "search(max_trials=4, max_concurrent=2) with the executor killed again "
+                 "while a trial runs there",
+                 "the run finishes through Spark's task retry; its 4 members predict "
+                 "exactly as the undisturbed run's (no duplicate or missing member, the "
+                 "same held-out score); no file is left under output_dir; the MLflow "
+                 "model holds 4 members; the search ends with 4 completed trials, each "
+                 "once, one finished MLflow run each")
+    out = run_program(request, "hosts", _ENSEMBLE_WITH_A_LOST_EXECUTOR, timeout=800)
+    assert out["killed"], f"no executor JVM was found on worker1 to kill: {out}"
+    members = [a.split("-")[1] for a in out["attempts"]]
+    retried = sorted({m for m in members if members.count(m) > 1})
+    assert retried, f"the kill retried no task: {out['attempts']}"
+    s.figure(f"executor JVM killed, member(s) {', '.join(retried)} trained again; the run finished "
+             f"{out['after_kill']:.1f} s after the kill ({out['seconds']:.1f} s in all)")
+    base, faulted = out["baseline"], out["faulted"]
+    assert len(faulted["probas"]) == 4
+    assert faulted["rows"] == base["rows"], (faulted["rows"], base["rows"])
+    assert faulted["probas"] == base["probas"], "a retried member differs from the undisturbed run's"
+    assert faulted["score"] == base["score"]
+    s.figure(f"4 members, each predicting exactly as the undisturbed run's "
+             f"(held-out accuracy {faulted['score']:.3f} both)")
+    assert faulted["files"] == [] and base["files"] == [], (faulted["files"], base["files"])
+    assert len(faulted["logged_members"]) == 4, faulted["logged_members"]
+    s.figure("no file left under output_dir; 4 members in the MLflow model")
+    # The search: worker1's executor killed while a trial runs there.
+    assert out["trial_killed"], "no executor JVM was found on worker1 during the search"
+    values = [t[1] for t in out["trials"]]
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    assert len(out["trials"]) == 4 and not repeated, out["trials"]
+    assert all(status == "completed" and value == pytest.approx((x - 3.0) ** 2)
+               for _, x, status, value in out["trials"]), out["trials"]
+    marked = [m.split("-")[1] for m in out["trial_marks"]]
+    rerun = sorted({m for m in marked if marked.count(m) > 1})
+    assert rerun, f"the kill retried no trial: {out['trial_marks']}"
+    assert out["children"] == [[str(n), "FINISHED"] for n in range(4)], out["children"]
+    s.figure(f"search of 4 trials with the executor killed under one: {len(rerun)} trial "
+             f"run again by Spark, 4 trials completed with the right values, one MLflow run "
+             f"each, all FINISHED")
+
+
+# ------------------------------------------------------------ F2
+
+def _program_in_thread(request, code: str, timeout: float):
+    """A driver program on the cluster, run from a thread so that the test
+    can injure the cluster meanwhile; ``outcome`` gets "out" or "error"."""
+    import threading
+
+    outcome = {}
+
+    def drive():
+        try:
+            outcome["out"] = run_program(request, "hosts", code, timeout=timeout)
+        except BaseException as exc:   # the test reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_until(ready, driver, outcome, seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while not ready():
+        assert driver.is_alive(), outcome
+        assert time.time() < deadline, f"{what} in {seconds:g} s"
+        time.sleep(0.2)
+
+
+def _result(driver, outcome, seconds: float) -> dict:
+    """What the driver program printed, once it ends (a hang fails)."""
+    driver.join(seconds)
+    assert not driver.is_alive(), "the driver program hangs"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["out"]
+
+
+def _cut_off(cluster, host: str, wait) -> tuple[float, float]:
+    """Take ``host``'s interface down in its namespace, call ``wait()``, bring
+    it back up (whatever happens); the moments it went down and came back."""
+    netns = cluster.hosts[host].netns
+    cut = time.time()
+    subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "down"], check=True, timeout=30)
+    try:
+        wait()
+    finally:
+        up = time.time()
+        subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "up"], check=True, timeout=30)
+    return cut, up
+
+
+_TRAINING_THROUGH_A_CUT = '''
+import mlflow
+from mlflow.tracking import MlflowClient
+from pyspark.sql import functions as F
+from dist_dl import train_distributed
+from dist_dl.prepare import write_digits_tree
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+root = os.path.join(SHARED, "f2")
+train_dir, _ = write_digits_tree(os.path.join(root, "digits"), image_size=16,
+                                 validation_fraction=0.0)
+frame = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(train_dir)
+         .withColumn("digit", F.regexp_extract("path", r"/(\\d)/[^/]+$", 1)))
+out_dir, mlruns = os.path.join(root, "out"), os.path.join(root, "mlruns")
+
+class Stamped:
+    """stdout, with the moment the library said that an attempt failed."""
+    def __init__(self, out):
+        self.out, self.failed_at = out, None
+    def write(self, text):
+        if self.failed_at is None and "attempt 1 failed" in text:
+            self.failed_at = time.time()
+        return self.out.write(text)
+    def flush(self):
+        self.out.flush()
+
+stamped = sys.stdout = Stamped(sys.stdout)
+start = time.time()
+try:
+    result = train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
+                               label_col="digit", num_workers=2, backend="spark",
+                               epochs=EPOCHS, batch_size=32, augment=False,
+                               eval_crop_fraction=1.0, max_retries=2, timeout=TIMEOUT,
+                               output_dir=out_dir, tracking_uri=mlruns)
+    error = None
+except BaseException as exc:
+    error = f"{type(exc).__name__}: {exc}"[:3000]
+client = MlflowClient(mlruns)
+runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+run = runs[0]
+print(json.dumps({"error": error, "started": start, "failed_at": stamped.failed_at,
+                  "ended": time.time(), "status": run.info.status,
+                  "tags": {k: v for k, v in run.data.tags.items() if k.startswith("dist_dl.att")}}))
+'''
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.hosts
+def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finishes(
+        request, scenario):
+    import glob
+
+    cluster = request.getfixturevalue("hosts")
+    down_for, timeout, epochs = 90.0, 150.0, 8
+    s = scenario("F2 hosts", "worker host cut off the network",
+                 f"train_distributed(df, num_workers=2, epochs={epochs}, timeout={timeout:g}, "
+                 f"max_retries=2) on the cluster; once its first checkpoint is published, "
+                 f"worker2's interface is taken down in its namespace for {down_for:g} s, "
+                 f"then brought back",
+                 "the attempt fails within its timeout with an error naming the rank and "
+                 "the host cut off; the retry finishes the run from the last checkpoint; "
+                 "no hang")
+    root = os.path.join(str(cluster.shared), "f2")
+    shutil.rmtree(root, ignore_errors=True)
+    driver, outcome = _program_in_thread(
+        request, f"EPOCHS = {epochs}\nTIMEOUT = {timeout!r}\n" + _TRAINING_THROUGH_A_CUT, 800)
+    _wait_until(lambda: glob.glob(os.path.join(root, "out", "checkpoints", "*", "ckpt-*")),
+                driver, outcome, 400, "training published no checkpoint")
+    time.sleep(1.0)   # into the next epoch
+    cut, _ = _cut_off(cluster, "worker2", lambda: time.sleep(down_for))
+    out = _result(driver, outcome, 780)
+    assert out["error"] is None, out["error"]
+    assert out["status"] == "FINISHED", out
+    failure = out["tags"].get("dist_dl.attempt_1_error", "")
+    assert failure, f"the cut failed no attempt: {out['tags']}"
+    assert out["failed_at"] is not None
+    failed_after = out["failed_at"] - cut
+    s.figure(f"attempt 1 failed {failed_after:.1f} s after the cut: {failure[:400]!r}")
+    assert failed_after < timeout, failed_after
+    # The cut host is named: as the rank that failed, or as a peer of the
+    # rank whose collective timed out waiting for it.
+    assert "rank" in failure and "on host worker2" in failure, failure
+    s.figure(f"the retry finished the run {out['ended'] - cut:.1f} s after the cut "
+             f"(attempts: {out['tags'].get('dist_dl.attempts')})")
+
+
+# ------------------------------------------------------------ F5
+
+_RESTARTABLE_TRAINING = '''
+import json, os, time
+from mlflow.tracking import MlflowClient
+from pyspark.sql import functions as F
+from dist_dl import train_distributed
+from dist_dl.prepare import write_digits_tree
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+root = os.path.join(SHARED, "f5")
+digits = os.path.join(root, "digits")
+if not os.path.isdir(digits):
+    write_digits_tree(digits, image_size=16, validation_fraction=0.0)
+frame = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+         .load(os.path.join(digits, "train"))
+         .withColumn("digit", F.regexp_extract("path", r"/(\\d)/[^/]+$", 1)))
+mlruns = os.path.join(root, "mlruns")
+print("training", flush=True)
+result = train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
+                           label_col="digit", num_workers=2, backend="spark", epochs=EPOCHS,
+                           batch_size=32, augment=False, eval_crop_fraction=1.0,
+                           output_dir=os.path.join(root, "out"),
+                           checkpoint_dir=os.path.join(root, "checkpoints"), tracking_uri=mlruns)
+run = MlflowClient(mlruns).get_run(result.run_id)
+print(json.dumps({"status": run.info.status, "tags": {k: v for k, v in run.data.tags.items()
+                                                       if k.startswith("dist_dl.")}}))
+'''
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.hosts
+def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, scenario):
+    import glob
+
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    cluster = request.getfixturevalue("hosts")
+    epochs = 8
+    s = scenario("F5 hosts", "driver killed and started again",
+                 f"train_distributed(df, num_workers=2, epochs={epochs}, checkpoint_dir in the "
+                 "shared folder) on the cluster; the driver process gets SIGKILL one second "
+                 "after its second checkpoint is published; the same program is started "
+                 "again on the same host",
+                 "no worker of the killed driver is left on any host (within 30 s); the new "
+                 "run starts from the last complete checkpoint's epoch and finishes")
+    root = os.path.join(str(cluster.shared), "f5")
+    shutil.rmtree(root, ignore_errors=True)
+    names = {f"net:[{os.stat('/run/netns/' + h.netns).st_ino}]": h.name
+             for h in cluster.hosts.values()}
+
+    def workers_left() -> list:
+        found = []
+        for name in ("driver", "worker1", "worker2"):
+            for pid in cluster.processes(name):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    ns = os.readlink(f"/proc/{pid}/ns/net")
+                except OSError:
+                    continue
+                if any(p in cmd for p in _HOROVOD):
+                    found.append(f"{names.get(ns, '?')}:{pid}:{cmd[:100]}")
+        return found
+
+    code = f"EPOCHS = {epochs}\n" + _RESTARTABLE_TRAINING
+    driver = cluster.hosts["driver"]
+    log = cluster.logs / "f5-first-driver.log"
+    prelude = (f"MASTER = {cluster.master_url!r}\nSHARED = {str(cluster.shared)!r}\n"
+               + hosts_module._READY)
+    first = driver.popen([sys.executable, "-c", prelude + code], env=cluster.env("driver"),
+                         log=log, cwd="/tmp/driver")
+    try:
+        deadline = time.time() + 400
+        checkpoints = os.path.join(root, "checkpoints")
+        while len(glob.glob(os.path.join(checkpoints, "ckpt-*"))) < 2:
+            assert first.poll() is None, log.read_text(errors="replace")[-4000:]
+            assert time.time() < deadline, "no second checkpoint in 400 s"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert workers_left(), "no worker process of the job was seen running"
+        first.send_signal(signal.SIGKILL)
+        killed = time.time()
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    left = workers_left()
+    while left and time.time() - killed < 30:
+        time.sleep(0.25)
+        left = workers_left()
+    gone_after = time.time() - killed
+    assert not left, f"workers of the killed driver still run {gone_after:.0f} s later: {left}"
+    s.figure(f"every worker of the killed driver gone {gone_after:.1f} s after the kill")
+    latest = CheckpointManager(checkpoints).latest()
+    assert latest is not None and latest.epoch < epochs, latest
+
+    out = cluster.run_driver(code, timeout=700)
+    assert out["status"] == "FINISHED", out
+    assert out["tags"].get("dist_dl.initial_epoch") == str(latest.epoch), (out["tags"], latest)
+    s.figure(f"the new driver resumed after epoch {latest.epoch} (the last complete "
+             f"checkpoint when the old one was killed) and finished epoch {epochs}")
+
+
+_ALLREDUCE_THROUGH_A_CUT = '''
+from dist_dl import HorovodRunner
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+
+def main(mark):
+    import time
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    if hvd.rank() == 0:
+        open(mark, "w").close()
+    start = time.time()
+    steps = 0
+    while time.time() - start < 100:
+        hvd.allreduce(tf.constant([1.0]), name=f"step{steps}")
+        steps += 1
+        time.sleep(0.02)
+    return steps
+
+start = time.time()
+try:
+    HorovodRunner(np=2, timeout=120).run(main, mark=MARK)
+    error = None
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"error": error[:3000] if error else None, "failed_at": time.time()}))
+'''
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.hosts
+def test_a_worker_host_cut_off_the_network_ends_a_horovod_runner_job_not_hangs_it(
+        request, scenario):
+    cluster = request.getfixturevalue("hosts")
+    down_for = 130.0
+    s = scenario("F2b hosts", "worker host cut off the network for good, plain HorovodRunner",
+                 "HorovodRunner(np=2, timeout=120) running allreduces for 100 s on the "
+                 "cluster; 2 s in, worker2's interface is taken down, and brought back "
+                 f"only when the driver program has ended (at most {down_for:g} s)",
+                 "the job ends in an error naming the host cut off, within its timeout, "
+                 "while that host is still cut off (a host that never comes back must end "
+                 "the job too; Horovod's driver waited on its connection to the lost task "
+                 "with no timeout: seen here hanging for good)")
+    mark = os.path.join(str(cluster.shared), f"f2b-{uuid.uuid4().hex}")
+    driver, outcome = _program_in_thread(
+        request, f"MARK = {mark!r}\n" + _ALLREDUCE_THROUGH_A_CUT, 400)
+    _wait_until(lambda: os.path.exists(mark), driver, outcome, 300, "the job did not start")
+    time.sleep(2.0)
+    cut, up = _cut_off(cluster, "worker2", lambda: driver.join(down_for))
+    out = _result(driver, outcome, 300)
+    assert out["error"] is not None, "the job ended without an error though a host was cut off"
+    first_line = out["error"].splitlines()[0]
+    failed_after = out["failed_at"] - cut
+    s.figure(f"error on the driver {failed_after:.1f} s after the cut: {first_line[:400]!r}")
+    assert out["failed_at"] < up, (f"the job ended only {out['failed_at'] - up:.1f} s after "
+                                   f"the host came back ({failed_after:.1f} s after the cut)")
+    assert failed_after < 120 + 15, failed_after
+    assert "worker2" in first_line, first_line

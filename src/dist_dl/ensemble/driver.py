@@ -281,7 +281,10 @@ def train_ensemble(df, model_factory: Callable, *, num_models: int, feature_cols
             member and the ensemble on the same data. Default 0.2.
         fit_kwargs: Passed to each member's ``fit`` (e.g. ``epochs`` for Keras).
         seed: Seed of the held-out split and of the row shuffle (the same seed
-            on the same input partitions gives the same split).
+            on the same input partitions gives the same split, and each
+            member its rows in the same order: a member retried by Spark
+            after a lost executor is the model it would have been, given a
+            factory that seeds it by the member's index).
         memory_factor: Task memory per byte of partition data (see
             ``estimate_partition_memory``). Default 4.
         task_memory_bytes: Memory of one task; default from the Spark
@@ -369,7 +372,12 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
             fn = functools.partial(_task.train_partition, factory=model_factory,
                                    feature_cols=list(spec.feature_cols), label_col=label_col,
                                    classes=list(classes), fit_kwargs=fit_kwargs, member_dir=staging)
-            training = assigned.where(~held_out).drop(_RAND)
+            # Each task sees its rows in the order of their random number, not
+            # in the order its shuffle blocks arrived (local ones first, then
+            # remote ones as fetched): a member retried after a lost executor,
+            # or trained again with the same seed, is the same model. Sorted
+            # in the JVM, which spills; the task's Python memory is unchanged.
+            training = assigned.where(~held_out).sortWithinPartitions(_RAND).drop(_RAND)
             results = sorted(training.mapInPandas(fn, _task.TRAIN_SCHEMA).collect(),
                              key=lambda r: r.member)
             failed = [f"member {r.member}: {r.error}" for r in results if r.path is None]

@@ -17,6 +17,8 @@ class WorkerError(RuntimeError):
 
     Attributes:
         rank: Horovod rank of the worker that failed first.
+        host: The host it ran on, as it reported when it started ('' if it
+            never reported).
         worker_type: Name of the exception type raised in the worker.
         worker_message: ``str()`` of that exception.
         worker_traceback: The worker's formatted traceback ('' if it died
@@ -24,12 +26,14 @@ class WorkerError(RuntimeError):
     """
 
     def __init__(self, rank: int, worker_type: str, worker_message: str, worker_traceback: str = "",
-                 detail: str = ""):
+                 detail: str = "", host: str = ""):
         self.rank = rank
+        self.host = host
         self.worker_type = worker_type
         self.worker_message = worker_message
         self.worker_traceback = worker_traceback
-        text = f"worker rank {rank} failed: {worker_type}: {worker_message}"
+        where = f" on host {host}" if host else ""
+        text = f"worker rank {rank}{where} failed: {worker_type}: {worker_message}"
         if detail:
             text += f"\n{detail}"
         if worker_traceback:
@@ -85,27 +89,53 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
     """
     expired = sink.first("timeout")
     if expired is not None:
+        host = _host(sink, expired["rank"])
         return JobTimeout(
-            f"rank {expired['rank']} was still running after the job's timeout of "
+            f"rank {expired['rank']}{f' on host {host}' if host else ''} was still running after the job's timeout of "
             f"{expired['seconds']:g} s, so every worker was stopped. Raise the runner's timeout= "
             "if the job needs longer, or look for a worker stuck waiting on its peers.")
     records = {r["rank"]: r for r in sink.records[::-1] if r["kind"] == "error"}
     if first_failed is not None and first_failed[0] in records:
         cause = records[first_failed[0]]
         if not _collateral(cause):
-            return _worker_error(cause)
+            return _worker_error(sink, cause)
     cause = sink.first("error", prefer=lambda r: not _collateral(r))
     if cause is not None and (first_failed is None or not _collateral(cause)):
-        return _worker_error(cause)
+        return _worker_error(sink, cause)
     if first_failed is not None:
         rank, code = first_failed
         tail = "\n".join(sink.tails.get(rank, ())) or "(no output)"
-        return WorkerError(rank, "WorkerDied", f"the worker process {_describe_exit(code)}",
-                           detail=f"last output of rank {rank}:\n{tail}")
+        return WorkerError(rank, "WorkerDied",
+                           f"the worker process {_describe_exit(code)}{_peer_timeout(sink, rank)}",
+                           detail=f"last output of rank {rank}:\n{tail}", host=_host(sink, rank))
     if cause is not None:
-        return _worker_error(cause)
+        return _worker_error(sink, cause)
     return WorkerError(-1, "WorkerDied", "the job failed without a report from any worker")
 
 
-def _worker_error(record: dict) -> WorkerError:
-    return WorkerError(record["rank"], record["type"], record["message"], record["traceback"])
+def _peer_timeout(sink: DriverSink, rank: int) -> str:
+    """If ``rank`` ended because Gloo timed out waiting for its peers, that,
+    and the other ranks with their hosts (one of which stopped answering):
+    the worker that exits first is the one that waited, not the one that went
+    missing."""
+    found = getattr(sink, "gloo_timeouts", {}).get(rank)
+    if not found:
+        return ""
+    others = sorted({r.get("rank") for r in list(sink.records)
+                     if r["kind"] == "start" and r.get("rank") != rank})
+    named = ", ".join(f"rank {r} on host {_host(sink, r)}" for r in others) or "the other ranks"
+    return (f" after Gloo timed out waiting for another rank ({found}): a host cut off "
+            f"the network, or a worker stopped or lost, among {named}")
+
+
+def _host(sink: DriverSink, rank: int) -> str:
+    """The host ``rank`` said it runs on when it started ('' if it did not
+    report): a Spark task may run on any executor, and a failure on a
+    cluster is looked into on that host."""
+    starts = [r for r in list(sink.records) if r["kind"] == "start" and r.get("rank") == rank]
+    return str(starts[-1].get("host") or "") if starts else ""
+
+
+def _worker_error(sink: DriverSink, record: dict) -> WorkerError:
+    return WorkerError(record["rank"], record["type"], record["message"], record["traceback"],
+                       host=_host(sink, record["rank"]))

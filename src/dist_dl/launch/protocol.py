@@ -34,6 +34,11 @@ def line_prefix(rank: int, stream: str) -> str:
 
 # Horovod's Spark task service prefixes each line of a worker's output once
 # more (with the task index); ours, inside it, is the one that names the rank.
+# Gloo's message when a collective waited past its timeout for another rank
+# (HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default); Horovod's background loop
+# then ends the process. Kept per rank apart from the tail, which a long
+# Python traceback after it would push it out of.
+GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation(?: to complete)?")
 _OUTER_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:(?=\[\d+\]<std(?:out|err)>:|\x1e)")
 
 
@@ -78,6 +83,8 @@ class DriverSink:
         self.records: list[dict] = []
         self.tails: dict[int, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=tail_lines))
+        # rank -> the last Gloo collective timeout it printed (GLOO_TIMEOUT).
+        self.gloo_timeouts: dict[int, str] = {}
 
     @property
     def out(self) -> TextIO:
@@ -106,6 +113,9 @@ class DriverSink:
             rank = _rank_of(line)
             if rank is not None:
                 self.tails[rank].append(line)
+                timed_out = GLOO_TIMEOUT.search(line)
+                if timed_out:
+                    self.gloo_timeouts[rank] = timed_out.group(0)
             if self.verbosity == "all":
                 print(line, file=self.out, flush=True)
             return

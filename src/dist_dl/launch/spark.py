@@ -167,6 +167,7 @@ class SparkBackend:
         wait_for_free_slots(spark, num_proc, slots, options.timeout)
         _patch_shutdown_event()
         _stream_output_live()
+        _detect_dead_task_services()
         _prompt_termination_on_tasks()
         _record_spark_failures()
         worker_fn = functools.partial(run_worker, options, fn, kwargs)
@@ -333,6 +334,54 @@ def _stream_output_live() -> None:
 
     if not isinstance(network.shutil, _LiveCopy):
         network.shutil = _LiveCopy()
+
+
+# Keepalive of the driver's connections to the tasks' services: the first
+# probe after 10 s without traffic, then every 5 s; 3 unanswered end it.
+KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+
+
+class _KeepAliveSockets:
+    """Stands in for the ``socket`` module inside Horovod's network code:
+    its TCP sockets are made with keepalive on (:data:`KEEPALIVE`)."""
+
+    def __getattr__(self, name):
+        return getattr(socket, name)
+
+    @staticmethod
+    def socket(family=socket.AF_INET, type=socket.SOCK_STREAM, *args, **kwargs):
+        sock = socket.socket(family, type, *args, **kwargs)
+        if type == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in KEEPALIVE.items():
+                if hasattr(socket, name):   # Linux; macOS lacks some
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        return sock
+
+
+def _detect_dead_task_services() -> None:
+    """A task whose host drops off the network ends the job, not hangs it.
+
+    For every worker, Horovod's driver holds one connection to the task
+    service in its Spark task and waits on it for the worker's exit code
+    (``BasicTaskClient.wait_for_command_exit_code``, a request the service
+    answers when the command ends), with no timeout. When the host is cut off
+    the network and its worker process dies meanwhile (seen here: once the
+    host was back, its executor was replaced by a new one), the end of that
+    connection was lost with the network and never arrives: the driver waited
+    for ever on a connection to a process that no longer existed (seen on
+    the cluster of separate hosts: ``ss`` showed it ESTABLISHED to a port
+    nothing listened on; tests/test_reliability.py, F2). Keepalive probes find
+    such a dead peer within about 25 s of its host answering again, or of it
+    not answering at all; Horovod then sees a failed worker and the launch
+    fails as for any other. Horovod 0.28.1 (its last release) sets no socket
+    options there, so its module's ``socket`` is replaced, as ``shutil`` is
+    above; the task services' listening sockets are made elsewhere
+    (``socketserver``) and are not touched."""
+    from horovod.runner.common.util import network
+
+    if not isinstance(network.socket, _KeepAliveSockets):
+        network.socket = _KeepAliveSockets()
 
 
 def _prompt_termination_on_tasks() -> None:
