@@ -54,8 +54,15 @@ def _members(tmp_path, count=2):
 
 
 @pytest.mark.timeout(300)
-def test_a_swapped_member_is_refused_on_the_executors(spark, tmp_path):
+def test_a_swapped_member_is_refused_on_the_executors(spark, tmp_path, scenario):
     from dist_dl.ensemble import task
+
+    s = scenario("S12a local", "ensemble member swapped in the shared folder",
+                 "two members written with their SHA-256 (as the training tasks record "
+                 "them); one file replaced by a pickle that would write a canary file; "
+                 "scoring tasks on the executors load the members",
+                 "the executors refuse the file with an error naming it and both digests; "
+                 "the canary is never written")
 
     members = _members(tmp_path)
     df = spark.createDataFrame([(float(i), float(i + 1), i % 2) for i in range(20)],
@@ -77,11 +84,18 @@ def test_a_swapped_member_is_refused_on_the_executors(spark, tmp_path):
     assert (f"refusing to load ensemble member 1 {path}: its SHA-256 is {sha256_bytes(evil)}, "
             f"but the run that wrote it recorded {digest}") in message
     assert not canary.exists()
+    s.figure("refused on the executor, naming the file and both digests; no canary")
 
 
 @pytest.mark.timeout(240)
-def test_a_member_swapped_in_the_logged_model_is_refused(spark, tmp_path):
+def test_a_member_swapped_in_the_logged_model_is_refused(spark, tmp_path, scenario):
     from dist_dl.ensemble import train_ensemble
+
+    s = scenario("S12b local", "ensemble member swapped in the logged MLflow model",
+                 "train_ensemble(num_models=2); one member file inside the logged model "
+                 "replaced by a pickle that would write a canary file; the model predicts",
+                 "refused with an error naming the file and its digest (checked against "
+                 "the digests the model records); the canary is never written")
 
     def tree(member):
         from sklearn.tree import DecisionTreeClassifier
@@ -109,6 +123,7 @@ def test_a_member_swapped_in_the_logged_model_is_refused(spark, tmp_path):
                        f"its SHA-256 is {sha256_bytes(evil)}"):
         ens.predict(pdf)
     assert not canary.exists()
+    s.figure("refused before unpickling, naming the file and its digest; no canary")
 
 
 def test_the_checkpoint_key_comes_from_the_environment_or_a_private_file(tmp_path, monkeypatch):
@@ -130,7 +145,7 @@ def test_the_checkpoint_key_comes_from_the_environment_or_a_private_file(tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_signed_one(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, scenario):
     """End to end: a run's checkpoints are signed with the driver's key; a
     manifest rewritten in the shared folder stops the next run before any
     worker starts (its MLflow run marked FAILED); with that checkpoint gone,
@@ -145,6 +160,13 @@ def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_sig
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.train.checkpoint import UntrustedCheckpoint
 
+    s = scenario("S12c local", "checkpoint rewritten in the shared folder",
+                 "train_distributed(epochs=2) signs its checkpoints with the driver's key; "
+                 "the newest one's weights and manifest are rewritten to match each other; "
+                 "a run with the same checkpoint_dir starts",
+                 "that run is refused before any worker starts, naming the checkpoint, and "
+                 "its MLflow run is FAILED; with the rewritten checkpoint removed, the next "
+                 "run resumes from the previous signed one")
     key = os.urandom(16).hex()
     monkeypatch.setenv(KEY_ENV, key)
     shards, ckpt = str(tmp_path / "shards"), tmp_path / "ckpt"
@@ -174,3 +196,5 @@ def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_sig
     shutil.rmtree(newest)
     resumed = train_distributed(shards, epochs=3, **common)
     assert resumed.initial_epoch == 1
+    s.figure("refused naming the checkpoint, run FAILED; the next run resumed after epoch 1 "
+             "from the signed checkpoint")

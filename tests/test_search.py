@@ -154,7 +154,7 @@ def _send(address, payload: bytes) -> dict:
 
 
 @pytest.mark.timeout(60)
-def test_report_server_refuses_and_logs_a_missing_wrong_or_replayed_signature(caplog):
+def test_report_server_refuses_and_logs_a_missing_wrong_or_replayed_signature(caplog, scenario):
     """The search's report server: the token never travels (reports are
     signed with it), and a report without a signature, signed with another
     token, replayed, or not a report at all is refused and logged."""
@@ -164,6 +164,10 @@ def test_report_server_refuses_and_logs_a_missing_wrong_or_replayed_signature(ca
 
     from dist_dl.search.task import Reporter, TrialPruned, sign_report
 
+    s = scenario("S14a local", "search report server: forged reports",
+                 "reports sent to the search's report server without a signature, signed "
+                 "with another token, replayed, altered, and not JSON at all",
+                 "each is refused and logged (without the token); none reaches the search")
     token = secrets.token_hex(16)
     accepted = []
 
@@ -203,13 +207,15 @@ def test_report_server_refuses_and_logs_a_missing_wrong_or_replayed_signature(ca
         for reason in ("no signature", "wrong signature", "replayed", "not a JSON line"):
             assert any(reason in m for m in refusals), reason
         assert not any(token in m for m in refusals)
+        s.figure("6 forged messages refused and logged, 0 reached the search; the token in "
+                 "no log line")
     finally:
         server.shutdown()
         server.server_close()
 
 
 @pytest.mark.timeout(60)
-def test_the_token_is_not_sent_and_a_forged_answer_is_refused():
+def test_the_token_is_not_sent_and_a_forged_answer_is_refused(scenario):
     """What a listener between an executor and the driver sees of a report,
     and what a forged server achieves: no token on the wire, and an
     unsigned 'stop this trial' answer raises instead of pruning."""
@@ -219,6 +225,11 @@ def test_the_token_is_not_sent_and_a_forged_answer_is_refused():
 
     from dist_dl.search.task import Reporter
 
+    s = scenario("S14b local", "search report token on the wire",
+                 "a trial's reporter talks to a forged server that records what arrives "
+                 "and answers 'stop this trial' unsigned",
+                 "the token is not in what the server receives (reports are signed with "
+                 "it, an HMAC); the unsigned answer is refused with an error")
     seen = []
 
     class Forger(socketserver.StreamRequestHandler):
@@ -235,3 +246,4 @@ def test_the_token_is_not_sent_and_a_forged_answer_is_refused():
         finally:
             forger.shutdown()
     assert len(seen) == 1 and b'"mac"' in seen[0] and token.encode() not in seen[0]
+    s.figure("the token absent from the bytes sent; the forged answer refused")

@@ -133,7 +133,8 @@ def _run_files_with(root: Path, needles) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_path, monkeypatch):
+def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_path, monkeypatch,
+                                                                   scenario):
     """A worker fails with a message that quotes its credential (as a storage
     or HTTP client's error would): the driver's error and the MLflow run say
     why, with the credential redacted, and no tag, parameter, artifact,
@@ -144,6 +145,13 @@ def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_p
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.train.driver import TrainingFailed
 
+    s = scenario("S13a local", "secret in a worker's error",
+                 "train_distributed with a canary credential in the workers' environment; "
+                 "a worker raises an error quoting it and a signed URL (as a storage "
+                 "client's error would)",
+                 "the driver's error and the MLflow run say what failed with both redacted; "
+                 "no tag, parameter, artifact, checkpoint or other file of the run holds "
+                 "either")
     canary = f"dist-dl-canary-{uuid.uuid4().hex}"
     signature = f"sigcanary{uuid.uuid4().hex}"  # in a signed URL only: known by its form
     monkeypatch.setenv("DATABRICKS_TOKEN", canary)  # the local workers inherit it
@@ -170,6 +178,8 @@ def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_p
     # The checkpoint of the first epoch was written, and holds neither.
     assert info.value.checkpoint_epoch == 1
     assert _run_files_with(tmp_path, [canary, signature]) == []
+    s.figure("error, tag and every file of the run checked: the canary and the signature "
+             "appear nowhere, [REDACTED] where they were")
 
 
 def _failing_trial(message):
@@ -184,7 +194,8 @@ def _failing_trial(message):
 
 
 @pytest.mark.timeout(240)
-def test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact(spark, tmp_path, monkeypatch):
+def test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact(spark, tmp_path, monkeypatch,
+                                                               scenario):
     """Search trials: the error tag, error.txt and the results are redacted
     (here on the driver: the executors of the shared local session started
     before the canary was set)."""
@@ -192,6 +203,11 @@ def test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact(spark, tmp_path,
 
     from dist_dl.search import search
 
+    s = scenario("S13b local", "secret in a search trial's error",
+                 "search() of 2 trials with a canary credential set; one trial raises an "
+                 "error quoting it",
+                 "the trial's result, its error tag and error.txt hold the error redacted; "
+                 "no file of the MLflow store holds the canary")
     canary = f"dist-dl-canary-{uuid.uuid4().hex}"
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", canary)
     result = search(_failing_trial(f"GET failed with token {canary}"), {"x": [1, 2]},
@@ -206,3 +222,4 @@ def test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact(spark, tmp_path,
     artifacts = [a.path for a in client.list_artifacts(trial.run_id)]
     assert "error.txt" in artifacts
     assert _run_files_with(tmp_path, [canary]) == []
+    s.figure("result, tag and error.txt redacted; the canary in no file")
