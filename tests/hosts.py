@@ -315,6 +315,18 @@ class HostCluster:
 
     # -------------------------------------------------------------- use
 
+    def driver_script(self, code: str, timeout: float) -> str:
+        """``code`` with the globals of a driver program (``run_driver``)."""
+        # A program still running 15 s before its timeout prints every
+        # thread's stack to stderr, which the timeout error quotes: a hang
+        # seen once in CI (train_distributed after its last epoch) left
+        # nothing to go on.
+        prelude = (f"MASTER = {self.master_url!r}\nSHARED = {str(self.shared)!r}\n"
+                   f"import faulthandler as _fh, sys as _sys\n"
+                   f"_fh.dump_traceback_later({max(timeout - 15, 1)!r}, file=_sys.stderr)\n"
+                   + _READY)
+        return prelude + textwrap.dedent(code)
+
     def run_driver(self, code: str, timeout: float = 600, env: dict | None = None) -> dict:
         """Run a Python driver program on the ``driver`` host (its working
         directory in the driver's private /tmp) and return the JSON object it
@@ -324,16 +336,7 @@ class HostCluster:
         shared folder) and ``ready(spark)`` (waits for both executors) as
         globals.
         """
-        # A program still running 15 s before its timeout prints every
-        # thread's stack to stderr, which the timeout error quotes: a hang
-        # seen once in CI (train_distributed after its last epoch) left
-        # nothing to go on.
-        prelude = (f"MASTER = {self.master_url!r}\nSHARED = {str(self.shared)!r}\n"
-                   f"import faulthandler as _fh, sys as _sys\n"
-                   f"_fh.dump_traceback_later({max(timeout - 15, 1)!r}, file=_sys.stderr)\n"
-                   + _READY)
-        script = prelude + textwrap.dedent(code)
-        result = self.hosts["driver"].run([sys.executable, "-c", script],
+        result = self.hosts["driver"].run([sys.executable, "-c", self.driver_script(code, timeout)],
                                           env=self.env("driver", **(env or {})),
                                           timeout=timeout, cwd="/tmp/driver")
         if result.returncode != 0:

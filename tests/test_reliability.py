@@ -80,6 +80,20 @@ def gone_within(patterns, seconds=10.0):
 _HOROVOD = ["horovod.spark.task.gloo_exec_fn", "dist_dl.launch._worker_main"]
 
 
+def _hosts_by_ns(cluster) -> dict:
+    """Network namespace (as /proc/PID/ns/net names it) -> host name."""
+    return {f"net:[{os.stat('/run/netns/' + h.netns).st_ino}]": h.name
+            for h in cluster.hosts.values()}
+
+
+def _cluster_watch(cluster) -> dict:
+    """The driver programs' ``job_processes`` and ``gone_within``, for use in
+    this process: the hosts share one /proc."""
+    found = {"HOSTS_BY_NS": _hosts_by_ns(cluster), "RUN_MARK": ""}
+    exec(_PRELUDE, found)
+    return found
+
+
 def run_program(request, where: str, code: str, timeout: float = 600,
                 env: dict | None = None) -> dict:
     """Run a driver program on local Spark (a process on this machine) or on
@@ -87,8 +101,7 @@ def run_program(request, where: str, code: str, timeout: float = 600,
     code = textwrap.dedent(code)
     if where == "hosts":
         cluster = request.getfixturevalue("hosts")
-        names = {f"net:[{os.stat('/run/netns/' + h.netns).st_ino}]": h.name
-                 for h in cluster.hosts.values()}
+        names = _hosts_by_ns(cluster)
         return cluster.run_driver(f"HOSTS_BY_NS = {names!r}\nRUN_MARK = ''\n" + _PRELUDE + code,
                                   timeout=timeout, env=env)
     tmp = request.getfixturevalue("tmp_path")
@@ -405,23 +418,26 @@ def run(name, pause):
 baseline = run("baseline", 0.0)
 
 state = {}
-def kill_an_executor():
-    # Once a training task of the second run has started on worker1.
-    while not glob.glob(os.path.join(marks, "6.0-*-worker1-*")):
-        time.sleep(0.1)
-    time.sleep(1.0)
-    jvms = [p for p in job_processes(["CoarseGrainedExecutorBackend"]) if p["host"] == "worker1"]
-    for p in jvms:
-        os.kill(p["pid"], signal.SIGKILL)
-    state["killed"] = [p["pid"] for p in jvms]
-    state["at"] = time.time()
+def kill_worker1_executor(mark, key):
+    """SIGKILL worker1's executor JVM a second after a task marked there."""
+    def kill():
+        while not glob.glob(os.path.join(marks, mark)):
+            time.sleep(0.1)
+        time.sleep(1.0)
+        jvms = [p for p in job_processes(["CoarseGrainedExecutorBackend"])
+                if p["host"] == "worker1"]
+        for p in jvms:
+            os.kill(p["pid"], signal.SIGKILL)
+        state[key], state[key + "_at"] = [p["pid"] for p in jvms], time.time()
+    threading.Thread(target=kill, daemon=True).start()
 
-threading.Thread(target=kill_an_executor, daemon=True).start()
+# Once a training task of the second run has started on worker1.
+kill_worker1_executor("6.0-*-worker1-*", "killed")
 start = time.time()
 faulted = run("faulted", 6.0)
 seconds = time.time() - start
 attempts = sorted(os.path.basename(p) for p in glob.glob(os.path.join(marks, "6.0-*")))
-after_kill = time.time() - state.get("at", time.time())
+after_kill = time.time() - state.get("killed_at", time.time())
 
 # A search: the same, with a trial's task on worker1 when its executor dies.
 from dist_dl.search import search, Uniform
@@ -436,16 +452,7 @@ def trial(params, reporter):
         reporter.report((params["x"] - 3.0) ** 2 + 1.0 / (step + 1))
     return (params["x"] - 3.0) ** 2
 
-def kill_during_a_trial():
-    while not glob.glob(os.path.join(marks, "trial-*-worker1")):
-        time.sleep(0.1)
-    time.sleep(1.0)
-    for p in job_processes(["CoarseGrainedExecutorBackend"]):
-        if p["host"] == "worker1":
-            os.kill(p["pid"], signal.SIGKILL)
-            state["trial_killed"] = p["pid"]
-
-threading.Thread(target=kill_during_a_trial, daemon=True).start()
+kill_worker1_executor("trial-*-worker1", "trial_killed")
 mlruns = os.path.join(root, "mlruns")
 found = search(trial, {"x": Uniform(0.0, 6.0)}, max_trials=4, max_concurrent=2,
                early_stopping=None, tracking_uri=mlruns, experiment_name="f8-search",
@@ -465,6 +472,12 @@ print(json.dumps({"baseline": baseline, "faulted": faulted, "killed": state.get(
 '''
 
 
+def _repeated(items) -> list:
+    """The items that occur more than once, sorted."""
+    items = list(items)
+    return sorted({i for i in items if items.count(i) > 1})
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
 def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothing(request, scenario):
@@ -481,8 +494,7 @@ def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothi
                  "once, one finished MLflow run each")
     out = run_program(request, "hosts", _ENSEMBLE_WITH_A_LOST_EXECUTOR, timeout=800)
     assert out["killed"], f"no executor JVM was found on worker1 to kill: {out}"
-    members = [a.split("-")[1] for a in out["attempts"]]
-    retried = sorted({m for m in members if members.count(m) > 1})
+    retried = _repeated(a.split("-")[1] for a in out["attempts"])
     assert retried, f"the kill retried no task: {out['attempts']}"
     s.figure(f"executor JVM killed, member(s) {', '.join(retried)} trained again; the run finished "
              f"{out['after_kill']:.1f} s after the kill ({out['seconds']:.1f} s in all)")
@@ -498,13 +510,10 @@ def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothi
     s.figure("no file left under output_dir; 4 members in the MLflow model")
     # The search: worker1's executor killed while a trial runs there.
     assert out["trial_killed"], "no executor JVM was found on worker1 during the search"
-    values = [t[1] for t in out["trials"]]
-    repeated = sorted({v for v in values if values.count(v) > 1})
-    assert len(out["trials"]) == 4 and not repeated, out["trials"]
+    assert len(out["trials"]) == 4 and not _repeated(t[1] for t in out["trials"]), out["trials"]
     assert all(status == "completed" and value == pytest.approx((x - 3.0) ** 2)
                for _, x, status, value in out["trials"]), out["trials"]
-    marked = [m.split("-")[1] for m in out["trial_marks"]]
-    rerun = sorted({m for m in marked if marked.count(m) > 1})
+    rerun = _repeated(m.split("-")[1] for m in out["trial_marks"])
     assert rerun, f"the kill retried no trial: {out['trial_marks']}"
     assert out["children"] == [[str(n), "FINISHED"] for n in range(4)], out["children"]
     s.figure(f"search of 4 trials with the executor killed under one: {len(rerun)} trial "
@@ -564,7 +573,6 @@ def _cut_off(cluster, host: str, wait) -> tuple[float, float]:
 
 
 _TRAINING_THROUGH_A_CUT = '''
-import mlflow
 from mlflow.tracking import MlflowClient
 from pyspark.sql import functions as F
 from dist_dl import train_distributed
@@ -591,20 +599,18 @@ class Stamped:
         self.out.flush()
 
 stamped = sys.stdout = Stamped(sys.stdout)
-start = time.time()
 try:
-    result = train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
-                               label_col="digit", num_workers=2, backend="spark",
-                               epochs=EPOCHS, batch_size=32, augment=False,
-                               eval_crop_fraction=1.0, max_retries=2, timeout=TIMEOUT,
-                               output_dir=out_dir, tracking_uri=mlruns)
+    train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
+                      label_col="digit", num_workers=2, backend="spark", epochs=EPOCHS,
+                      batch_size=32, augment=False, eval_crop_fraction=1.0, max_retries=2,
+                      timeout=TIMEOUT, output_dir=out_dir, tracking_uri=mlruns)
     error = None
 except BaseException as exc:
     error = f"{type(exc).__name__}: {exc}"[:3000]
 client = MlflowClient(mlruns)
 runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
 run = runs[0]
-print(json.dumps({"error": error, "started": start, "failed_at": stamped.failed_at,
+print(json.dumps({"error": error, "failed_at": stamped.failed_at,
                   "ended": time.time(), "status": run.info.status,
                   "tags": {k: v for k, v in run.data.tags.items() if k.startswith("dist_dl.att")}}))
 '''
@@ -699,30 +705,12 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
                  "run starts from the last complete checkpoint's epoch and finishes")
     root = os.path.join(str(cluster.shared), "f5")
     shutil.rmtree(root, ignore_errors=True)
-    names = {f"net:[{os.stat('/run/netns/' + h.netns).st_ino}]": h.name
-             for h in cluster.hosts.values()}
-
-    def workers_left() -> list:
-        found = []
-        for name in ("driver", "worker1", "worker2"):
-            for pid in cluster.processes(name):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-                    ns = os.readlink(f"/proc/{pid}/ns/net")
-                except OSError:
-                    continue
-                if any(p in cmd for p in _HOROVOD):
-                    found.append(f"{names.get(ns, '?')}:{pid}:{cmd[:100]}")
-        return found
-
+    watch = _cluster_watch(cluster)
     code = f"EPOCHS = {epochs}\n" + _RESTARTABLE_TRAINING
-    driver = cluster.hosts["driver"]
     log = cluster.logs / "f5-first-driver.log"
-    prelude = (f"MASTER = {cluster.master_url!r}\nSHARED = {str(cluster.shared)!r}\n"
-               + hosts_module._READY)
-    first = driver.popen([sys.executable, "-c", prelude + code], env=cluster.env("driver"),
-                         log=log, cwd="/tmp/driver")
+    first = cluster.hosts["driver"].popen(
+        [sys.executable, "-c", cluster.driver_script(code, timeout=700)],
+        env=cluster.env("driver"), log=log, cwd="/tmp/driver")
     try:
         deadline = time.time() + 400
         checkpoints = os.path.join(root, "checkpoints")
@@ -731,19 +719,16 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
             assert time.time() < deadline, "no second checkpoint in 400 s"
             time.sleep(0.2)
         time.sleep(1.0)
-        assert workers_left(), "no worker process of the job was seen running"
+        assert watch["job_processes"](_HOROVOD), "no worker process of the job was seen running"
         first.send_signal(signal.SIGKILL)
         killed = time.time()
         first.wait(30)
     finally:
         if first.poll() is None:
             first.kill()
-    left = workers_left()
-    while left and time.time() - killed < 30:
-        time.sleep(0.25)
-        left = workers_left()
+    gone, left = watch["gone_within"](_HOROVOD, seconds=30.0)
+    assert gone is not None, f"workers of the killed driver still run 30 s later: {left}"
     gone_after = time.time() - killed
-    assert not left, f"workers of the killed driver still run {gone_after:.0f} s later: {left}"
     s.figure(f"every worker of the killed driver gone {gone_after:.1f} s after the kill")
     latest = CheckpointManager(checkpoints).latest()
     assert latest is not None and latest.epoch < epochs, latest

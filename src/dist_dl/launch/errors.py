@@ -89,10 +89,9 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
     """
     expired = sink.first("timeout")
     if expired is not None:
-        host = _host(sink, expired["rank"])
         return JobTimeout(
-            f"rank {expired['rank']}{f' on host {host}' if host else ''} was still running after the job's timeout of "
-            f"{expired['seconds']:g} s, so every worker was stopped. Raise the runner's timeout= "
+            f"rank {expired['rank']}{_on_host(sink, expired['rank'])} was still running after "
+            f"the job's timeout of {expired['seconds']:g} s, so every worker was stopped. Raise the runner's timeout= "
             "if the job needs longer, or look for a worker stuck waiting on its peers.")
     records = {r["rank"]: r for r in sink.records[::-1] if r["kind"] == "error"}
     if first_failed is not None and first_failed[0] in records:
@@ -107,7 +106,8 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
         tail = "\n".join(sink.tails.get(rank, ())) or "(no output)"
         return WorkerError(rank, "WorkerDied",
                            f"the worker process {_describe_exit(code)}{_peer_timeout(sink, rank)}",
-                           detail=f"last output of rank {rank}:\n{tail}", host=_host(sink, rank))
+                           detail=f"last output of rank {rank}:\n{tail}",
+                           host=sink.hosts.get(rank, ""))
     if cause is not None:
         return _worker_error(sink, cause)
     return WorkerError(-1, "WorkerDied", "the job failed without a report from any worker")
@@ -118,24 +118,22 @@ def _peer_timeout(sink: DriverSink, rank: int) -> str:
     and the other ranks with their hosts (one of which stopped answering):
     the worker that exits first is the one that waited, not the one that went
     missing."""
-    found = getattr(sink, "gloo_timeouts", {}).get(rank)
+    found = sink.gloo_timeouts.get(rank)
     if not found:
         return ""
-    others = sorted({r.get("rank") for r in list(sink.records)
-                     if r["kind"] == "start" and r.get("rank") != rank})
-    named = ", ".join(f"rank {r} on host {_host(sink, r)}" for r in others) or "the other ranks"
+    named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in sorted(sink.hosts) if r != rank)
     return (f" after Gloo timed out waiting for another rank ({found}): a host cut off "
-            f"the network, or a worker stopped or lost, among {named}")
+            f"the network, or a worker stopped or lost, among {named or 'the other ranks'}")
 
 
-def _host(sink: DriverSink, rank: int) -> str:
-    """The host ``rank`` said it runs on when it started ('' if it did not
-    report): a Spark task may run on any executor, and a failure on a
-    cluster is looked into on that host."""
-    starts = [r for r in list(sink.records) if r["kind"] == "start" and r.get("rank") == rank]
-    return str(starts[-1].get("host") or "") if starts else ""
+def _on_host(sink: DriverSink, rank: int) -> str:
+    """The words ``on host H`` for the host ``rank`` said it runs on when it
+    started ('' if it did not report): a Spark task may run on any executor,
+    and a failure on a cluster is looked into on that host."""
+    host = sink.hosts.get(rank)
+    return f" on host {host}" if host else ""
 
 
 def _worker_error(sink: DriverSink, record: dict) -> WorkerError:
     return WorkerError(record["rank"], record["type"], record["message"], record["traceback"],
-                       host=_host(sink, record["rank"]))
+                       host=sink.hosts.get(record["rank"], ""))

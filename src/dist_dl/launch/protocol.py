@@ -32,13 +32,13 @@ def line_prefix(rank: int, stream: str) -> str:
     return f"[{rank}]<{stream}>:"
 
 
-# Horovod's Spark task service prefixes each line of a worker's output once
-# more (with the task index); ours, inside it, is the one that names the rank.
 # Gloo's message when a collective waited past its timeout for another rank
 # (HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default); Horovod's background loop
 # then ends the process. Kept per rank apart from the tail, which a long
 # Python traceback after it would push it out of.
 GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation(?: to complete)?")
+# Horovod's Spark task service prefixes each line of a worker's output once
+# more (with the task index); ours, inside it, is the one that names the rank.
 _OUTER_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:(?=\[\d+\]<std(?:out|err)>:|\x1e)")
 
 
@@ -85,6 +85,8 @@ class DriverSink:
             lambda: collections.deque(maxlen=tail_lines))
         # rank -> the last Gloo collective timeout it printed (GLOO_TIMEOUT).
         self.gloo_timeouts: dict[int, str] = {}
+        # rank -> the host it said it runs on in its "start" record.
+        self.hosts: dict[int, str] = {}
 
     @property
     def out(self) -> TextIO:
@@ -121,6 +123,8 @@ class DriverSink:
             return
         record["received"] = time.time()
         self.records.append(record)
+        if record["kind"] == "start":
+            self.hosts[record["rank"]] = str(record.get("host") or "")
         if record["kind"] == "log":
             print(f"[{record['rank']}] {record['message']}", file=self.out, flush=True)
 
