@@ -240,7 +240,7 @@ def cluster_spark(standalone_cluster):
 @pytest.fixture(autouse=True)
 def _mlflow_state_restored():
     """Each test starts and ends with MLflow's process-wide state as it was:
-    tracking URI, no active run, no active experiment (a leaked experiment id
+    tracking URI, no registry URI of its own, no active run, no active experiment (a leaked experiment id
     points into another test's store)."""
     import mlflow
     import mlflow.tracking.fluent as fluent
@@ -250,5 +250,7 @@ def _mlflow_state_restored():
     while mlflow.active_run() is not None:
         mlflow.end_run()
     mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(None)  # no test sets one for the next
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)  # set_registry_uri exports it
     fluent._active_experiment_id = None
     os.environ.pop("MLFLOW_EXPERIMENT_ID", None)

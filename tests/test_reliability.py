@@ -588,12 +588,15 @@ frame = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").l
 out_dir, mlruns = os.path.join(root, "out"), os.path.join(root, "mlruns")
 
 class Stamped:
-    """stdout, with the moment the library said that an attempt failed."""
+    """stdout, with the moment the library said that an attempt failed, and
+    what it said of task slots (a retry waits for the cut host's)."""
     def __init__(self, out):
-        self.out, self.failed_at = out, None
+        self.out, self.failed_at, self.slots = out, None, []
     def write(self, text):
         if self.failed_at is None and "attempt 1 failed" in text:
             self.failed_at = time.time()
+        if "task slots" in text:
+            self.slots.append(text.strip()[:300])
         return self.out.write(text)
     def flush(self):
         self.out.flush()
@@ -610,7 +613,7 @@ except BaseException as exc:
 client = MlflowClient(mlruns)
 runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
 run = runs[0]
-print(json.dumps({"error": error, "failed_at": stamped.failed_at,
+print(json.dumps({"error": error, "failed_at": stamped.failed_at, "slots": stamped.slots,
                   "ended": time.time(), "status": run.info.status,
                   "tags": {k: v for k, v in run.data.tags.items() if k.startswith("dist_dl.att")}}))
 '''
@@ -652,6 +655,8 @@ def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finis
     # The cut host is named: as the rank that failed, or as a peer of the
     # rank whose collective timed out waiting for it.
     assert "rank" in failure and "on host worker2" in failure, failure
+    if out["slots"]:
+        s.figure(f"before the retry: {out['slots'][0]!r} ... {out['slots'][-1]!r}")
     s.figure(f"the retry finished the run {out['ended'] - cut:.1f} s after the cut "
              f"(attempts: {out['tags'].get('dist_dl.attempts')})")
 

@@ -210,6 +210,49 @@ def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, st
     assert MlflowClient(store).get_run(info.value.run_id).info.status == "FAILED"
 
 
+@pytest.mark.timeout(240)
+def test_the_model_is_registered_in_the_drivers_registry(shards, store, tmp_path, monkeypatch):
+    # A notebook's mlflow.set_registry_uri (Unity Catalog's "databricks-uc")
+    # is the driver's alone: rank 0 must register there too, where the driver
+    # (and the pipeline's evaluate and score) will look for the model. MLflow
+    # also exports it as MLFLOW_REGISTRY_URI for child processes, which
+    # executors started before it was set do not see: taken out here, so the
+    # local workers are in the executors' place.
+    registry = f"sqlite:///{tmp_path / 'registry.db'}"
+    mlflow.set_registry_uri(registry)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI")
+    trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
+                                image_size=16, validation_fraction=0.0, backend="local",
+                                tracking_uri=store, output_dir=str(tmp_path),
+                                registered_model_name="in_the_drivers_registry")
+    assert trained.registered_version is not None
+    versions = MlflowClient(store, registry_uri=registry).search_model_versions(
+        "name='in_the_drivers_registry'")
+    assert [v.run_id for v in versions] == [trained.run_id]
+    assert not MlflowClient(store, registry_uri=store).search_registered_models()
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_waits_for_task_slots_and_fails_naming_the_wait_and_checkpoint(
+        spark, tmp_path, capsys):
+    # Before a retry on Spark tasks the driver waits (retry_wait) for the
+    # slots a lost host took with it; local[2] has 2 slots, ever.
+    from types import SimpleNamespace
+
+    from dist_dl.train.driver import _wait_for_capacity
+
+    spec = SimpleNamespace(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_key=b"k" * 32)
+    _wait_for_capacity(spark, TrainConfig(num_workers=2, retry_wait=0.0), spec, 1, "x", "run")
+    with pytest.raises(TrainingFailed) as info:
+        _wait_for_capacity(spark, TrainConfig(num_workers=3, retry_wait=1.2), spec, 1,
+                           "WorkerError: worker rank 1 on host worker2 failed", "run")
+    text = str(info.value)
+    assert "retry_wait=1.2 s" in text and "has 2 task slot(s) now" in text, text
+    assert "on host worker2" in text and "none yet in " + spec.checkpoint_dir in text, text
+    assert info.value.attempts == 1 and info.value.checkpoint is None
+    assert "waiting for 3 task slots, the cluster (local[2]) has 2" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(

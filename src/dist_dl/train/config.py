@@ -46,6 +46,10 @@ class TrainConfig:
         timeout: Seconds one attempt may run (None: no limit).
         max_retries: Attempts after a failed one (a worker killed, a lost
             executor, a timeout); each resumes from the last checkpoint.
+        retry_wait: Seconds a retry on Spark tasks waits for the cluster to
+            have ``num_workers`` task slots again (the executor of a host
+            that was lost coming back, an autoscaled worker joining) before
+            the run fails.
 
     Optimisation (the linear scaling rule of Goyal et al. 2017):
         epochs: Epochs to train in total (a resumed run continues to this).
@@ -125,6 +129,7 @@ class TrainConfig:
     pin_cpus: bool = setting(False)
     timeout: float | None = setting(None, low=0.0, low_open=True)
     max_retries: int = setting(2, low=0)
+    retry_wait: float = setting(300.0, low=0.0)
 
     epochs: int = setting(1, low=1)
     batch_size: int = setting(32, low=1)

@@ -273,7 +273,9 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                       class_names=tuple(class_names), checkpoint_dir=checkpoint_dir,
                       tensorboard_dir=os.path.join(output_dir, "tensorboard", run_id),
                       tracking_uri=uri, run_id=run_id,
-                      registered_model_name=registered_model_name, callbacks=callbacks,
+                      registered_model_name=registered_model_name,
+                      registry_uri=_registry_uri() if registered_model_name else None,
+                      callbacks=callbacks,
                       checkpoint_key=key)
     try:
         result, attempts = _attempts(spec, cfg, backend, spark, client, run_id)
@@ -292,6 +294,18 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                         num_workers=cfg.num_workers,
                         classes=classes, class_names=tuple(class_names),
                         checkpoint_dir=checkpoint_dir, attempts=attempts, image_col=cfg.image_col)
+
+
+def _registry_uri() -> str | None:
+    """The driver's model registry when it is not the tracking store's own (a
+    notebook's ``mlflow.set_registry_uri``, ``"databricks-uc"``): rank 0
+    registers there, where the driver will look for the model; a process's
+    ``set_registry_uri`` does not reach the workers. None: the tracking
+    store's registry, which rank 0 uses by default."""
+    import mlflow
+
+    registry = mlflow.get_registry_uri()
+    return None if registry == mlflow.get_tracking_uri() else registry
 
 
 # ----------------------------------------------------------------- settings
@@ -436,6 +450,39 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
                     checkpoint_epoch=latest.epoch if latest else 0, attempts=attempt) from exc
             print(f"dist_dl: attempt {attempt} failed ({first_line}); retry "
                   f"{attempt}/{cfg.max_retries} resumes from checkpoint {where}", flush=True)
+            if backend == "spark":
+                _wait_for_capacity(spark, cfg, spec, attempt, first_line, run_id)
+
+
+def _wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
+                       run_id: str) -> None:
+    """Before a retry on Spark tasks, wait up to ``cfg.retry_wait`` for
+    ``num_workers`` task slots.
+
+    The failure being retried is often a lost host: Spark drops its executor
+    (the standalone master after ``spark.worker.timeout``, 60 s, without a
+    heartbeat) and starts a new one once the host is back. A retry that
+    checked the slots at once failed with ``NotEnoughSlots`` in that gap
+    (seen in CI: a worker host cut off the network for 90 s, attempt 1
+    failing 60-70 s into the cut).
+    """
+    from dist_dl.launch import NotEnoughSlots
+    from dist_dl.launch.spark import check_slots
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    try:
+        check_slots(spark, cfg.num_workers, cfg.retry_wait, every=15.0)
+    except NotEnoughSlots as exc:
+        latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
+        where = (f"{latest.path} (after epoch {latest.epoch})" if latest
+                 else f"none yet in {spec.checkpoint_dir}")
+        raise TrainingFailed(
+            f"training failed: attempt {attempt} failed ({failure}) and its retry found too few "
+            f"task slots within retry_wait={cfg.retry_wait:g} s: {exc} Last complete "
+            f"checkpoint: {where}; a new run with checkpoint_dir={spec.checkpoint_dir!r} "
+            f"resumes from it.",
+            run_id=run_id, checkpoint=str(latest.path) if latest else None,
+            checkpoint_epoch=latest.epoch if latest else 0, attempts=attempt) from exc
 
 
 def _retriable(exc: Exception) -> bool:

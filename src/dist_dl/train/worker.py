@@ -49,6 +49,8 @@ class WorkerSpec:
         tensorboard_dir: Rank 0's TensorBoard log folder.
         tracking_uri, run_id: The MLflow run rank 0 logs to.
         registered_model_name: Register the final model under this name.
+        registry_uri: The model registry to register it in (the driver's:
+            ``mlflow.set_registry_uri`` there does not reach the workers).
         callbacks: Optional function returning extra Keras callbacks, called
             in every worker (after Horovod init).
         attempt: 1 for the first attempt, 2 for the first retry, ...
@@ -70,6 +72,7 @@ class WorkerSpec:
     tracking_uri: str
     run_id: str
     registered_model_name: str | None = None
+    registry_uri: str | None = None
     callbacks: Callable[[], list] | None = None
     attempt: int = 1
     checkpoint_key: bytes | None = field(default=None, repr=False)
@@ -178,6 +181,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
 
     if rank == 0:
         mlflow.set_tracking_uri(spec.tracking_uri)
+        if spec.registry_uri:
+            mlflow.set_registry_uri(spec.registry_uri)
     # Rank 0 logs into the run the driver created (and will close).
     with mlflow.start_run(run_id=spec.run_id) if rank == 0 else contextlib.nullcontext():
         if initial_epoch < cfg.epochs:
