@@ -336,6 +336,94 @@ print(json.dumps({"error": error, "raised": raised, "gone": gone, "left": left,
 '''
 
 
+# ------------------------------------------------------------ F10
+
+_SCORING_A_MILLION = '''
+import io, tempfile
+import mlflow
+from PIL import Image
+from pyspark.sql import functions as F
+from sklearn.datasets import load_digits
+from dist_dl import compat
+from dist_dl.bench import MemoryPeaks
+from dist_dl.score import score_dataframe
+from dist_dl.session import get_spark
+from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
+
+spark = ready(get_spark(MASTER))
+blobs = []
+for pixels in load_digits().images[:64]:
+    buffer = io.BytesIO()
+    Image.fromarray((pixels * 255 / 16).astype("uint8"), mode="L").save(buffer, format="PNG")
+    blobs.append(buffer.getvalue())
+spec = ImagePreprocessing(image_size=8, channels=1, mean=0.5, std=0.25)
+keras = compat.keras()
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input(spec.input_shape), keras.layers.Conv2D(8, 3, activation="relu"),
+                          keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+mlflow.set_tracking_uri("file://" + os.path.join(SHARED, "mlruns"))
+uri = log_keras_classifier(model, spec).model_uri
+images = spark.createDataFrame(list(enumerate(blobs)), "k long, image binary")
+
+def score(rows):
+    """Score ``rows`` rows made in the JVM (a digit each, one in 100,000 not an
+    image); the executors' memory peaks while it runs."""
+    frame = (spark.range(rows).withColumn("k", F.col("id") % 64)
+             .join(F.broadcast(images), "k")
+             .withColumn("image", F.when(F.col("id") % 100000 == 7, F.lit(b"corrupt"))
+                         .otherwise(F.col("image"))))
+    scored = score_dataframe(frame, uri, image_col="image", batch_size=256, on_error="null")
+    start = time.perf_counter()
+    with MemoryPeaks() as memory:
+        total = scored.agg(F.count("*").alias("rows"), F.count("prediction").alias("predicted"),
+                           F.collect_list(F.when(F.col("score_error").isNotNull(),
+                                                 F.col("id"))).alias("failed"),
+                           F.first("score_error", ignorenulls=True).alias("reason")).first()
+    seconds = time.perf_counter() - start
+    return {"rows": total["rows"], "predicted": total["predicted"],
+            "failed": sorted(total["failed"]), "reason": total["reason"], "seconds": seconds,
+            "worker_peak": memory.peak("python_worker"),
+            "workers_peak": memory.peak_total.get("python_worker", 0),
+            "jvm_peak": memory.peak("jvm"),
+            "workers": sum(1 for c, _ in memory.peaks.values()
+                           if MemoryPeaks.kind(c) == "python_worker")}
+
+small = score(50_000)
+large = score(1_000_000)
+print(json.dumps({"small": small, "large": large,
+                  "arrow_batch": spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")}))
+'''
+
+
+@pytest.mark.timeout(600)
+def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(request, scenario):
+    s = scenario("F10b local", "scoring a million rows",
+                 "score_dataframe(on_error='null') of 1,000,000 rows of encoded digits made "
+                 "in the JVM (10 of them not images, one in 100,000) on local[2], after a run "
+                 "of 50,000 rows; every process's resident memory sampled every 0.2 s",
+                 "every row comes out, the 10 corrupt ones with a null prediction and a "
+                 "reason; the peak of a Python worker at 1,000,000 rows is within 1.25 times "
+                 "(+64 MiB) of its peak at 50,000: memory does not grow with the rows")
+    out = run_program(request, "local", _SCORING_A_MILLION, timeout=560)
+    small, large = out["small"], out["large"]
+    mib = 2 ** 20
+    assert large["rows"] == 1_000_000 and small["rows"] == 50_000, out
+    assert large["failed"] == [7 + 100_000 * i for i in range(10)], large["failed"]
+    assert small["failed"] == [7], small["failed"]
+    assert large["predicted"] == 1_000_000 - 10 and small["predicted"] == 50_000 - 1
+    assert "cannot be decoded" in large["reason"], large["reason"]
+    assert large["worker_peak"] > 0 and small["worker_peak"] > 0, out
+    s.figure(f"1,000,000 rows in {large['seconds']:.0f} s ({1e6 / large['seconds']:,.0f} rows/s), "
+             f"every row out, the 10 corrupt ones null with {large['reason'][:90]!r}")
+    s.figure(f"peak RSS of one Python worker: {small['worker_peak'] / mib:.0f} MiB at 50,000 "
+             f"rows, {large['worker_peak'] / mib:.0f} MiB at 1,000,000 (all "
+             f"{large['workers']} PySpark processes together: {large['workers_peak'] / mib:.0f} "
+             f"MiB; the JVM, driver and executor in one on local[2]: "
+             f"{large['jvm_peak'] / mib:.0f} MiB); Arrow batches of {out['arrow_batch']} rows, "
+             f"model calls of 256")
+    assert large["worker_peak"] <= 1.25 * small["worker_peak"] + 64 * mib, out
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", ["sigint", "cancel"])
 def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario, fault):

@@ -57,8 +57,72 @@ from dist_dl.config import BenchConfig
 from dist_dl.locations import file_url
 from dist_dl.train.config import TrainConfig
 
-__all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "thread_split", "input_verdict",
+__all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "MemoryPeaks", "thread_split", "input_verdict",
            "result_entry", "merge_results", "plot_results", "publish_results", "GOALS"]
+
+
+class MemoryPeaks:
+    """Peak resident memory of this process's descendants (on Spark the JVM
+    and its Python workers), read through psutil every ``interval`` seconds
+    by a background thread while the ``with`` block runs.
+
+    Attributes:
+        peaks: ``{pid: (command, peak RSS in bytes)}``.
+        peak_total: Largest sum, over one sample, of the RSS of the
+            processes :meth:`kind` puts in each kind: ``{kind: bytes}``.
+    """
+
+    def __init__(self, interval: float = 0.2):
+        import threading
+
+        self.interval = interval
+        self.peaks: dict[int, tuple[str, int]] = {}
+        self.peak_total: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dist_dl-memory-sampler",
+                                        daemon=True)
+
+    @staticmethod
+    def kind(command: str) -> str:
+        """``"jvm"``, ``"python_worker"`` (PySpark's daemon and workers) or ``"other"``."""
+        if "pyspark.daemon" in command or "pyspark.worker" in command:
+            return "python_worker"
+        if command.split(" ", 1)[0].endswith("java"):
+            return "jvm"
+        return "other"
+
+    def _run(self) -> None:
+        import psutil
+
+        while True:
+            totals: dict[str, int] = {}
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    command = " ".join(proc.cmdline()[:4])
+                    rss = proc.memory_info().rss
+                except psutil.Error:  # ended between listing and reading
+                    continue
+                previous = self.peaks.get(proc.pid, (command, 0))[1]
+                self.peaks[proc.pid] = (command, max(previous, rss))
+                kind = self.kind(command)
+                totals[kind] = totals.get(kind, 0) + rss
+            for kind, total in totals.items():
+                self.peak_total[kind] = max(self.peak_total.get(kind, 0), total)
+            if self._stop.wait(self.interval):
+                return
+
+    def peak(self, kind: str) -> int:
+        """Largest peak of one process of ``kind`` (0 if none was seen)."""
+        return max((rss for command, rss in self.peaks.values() if self.kind(command) == kind),
+                   default=0)
+
+    def __enter__(self) -> "MemoryPeaks":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class CpuSampler:

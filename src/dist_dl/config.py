@@ -87,6 +87,9 @@ class ScoreConfig:
             ``models:/<registered_model_name>@<evaluate.alias>``.
         image_col: Column of encoded images in ``input``.
         batch_size: Rows per call to the model on each executor.
+        on_error: An image that cannot be scored: ``"raise"`` fails the job
+            naming it; ``"null"`` writes a null prediction and the reason in
+            column ``score_error``.
     """
 
     input: str | None = setting(None)
@@ -94,6 +97,7 @@ class ScoreConfig:
     model_uri: str | None = setting(None)
     image_col: str = setting("image", nonempty=True)
     batch_size: int = setting(64, low=1)
+    on_error: str = setting("raise", choices=("raise", "null"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -269,7 +269,8 @@ def score(config: PipelineConfig, *, master: str | None = None, spark=None,
     frame = spark.table(source) if is_table else _shards_frame(spark, source)
     image_col = s.image_col if is_table else "image"
     with mlflow_target(_tracking_uri(config)):
-        scored = score_dataframe(frame, model_uri, image_col=image_col, batch_size=s.batch_size)
+        scored = score_dataframe(frame, model_uri, image_col=image_col, batch_size=s.batch_size,
+                                 on_error=s.on_error)
     # The image bytes are the input, not the result: leave them out.
     result = scored.drop(image_col)
     output = s.output or os.path.join(config.train.output_dir, "scored")

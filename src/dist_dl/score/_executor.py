@@ -13,6 +13,8 @@ import threading
 import zipfile
 from typing import Iterator
 
+from mlflow.exceptions import MlflowException
+
 __all__ = ["score_partition"]
 
 _models: dict = {}  # archive name -> loaded model, oldest first
@@ -20,6 +22,10 @@ _lock = threading.Lock()
 # A long-lived notebook session may score with many models; a Python worker
 # keeps only the last few loaded, so its memory does not grow without bound.
 _MAX_MODELS = 2
+# What the model raises for a row it cannot score: this library's decoder
+# (null, empty, undecodable bytes) raises ValueError; MLflow's check of the
+# input against the logged signature, MlflowException.
+_BAD_INPUT = (ValueError, MlflowException)
 
 
 def _load(archive_name: str):
@@ -44,7 +50,7 @@ def _load(archive_name: str):
 
 
 def score_partition(batches: Iterator, *, archive_name: str, image_col: str, model_image_col: str,
-                    output_cols: dict, batch_size: int) -> Iterator:
+                    output_cols: dict, batch_size: int, error_col: str | None = None) -> Iterator:
     """``mapInPandas`` body: add the model's outputs to every pandas batch.
 
     Args:
@@ -54,10 +60,14 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
         model_image_col: The column name the model reads.
         output_cols: Model output column -> DataFrame column to write it to.
         batch_size: Rows per call to the model.
+        error_col: None: a row that cannot be scored fails the task, naming
+            the partition, the row and why. Else the column to write that
+            reason to, the row's outputs being null.
     """
     import pandas as pd
 
     model = None
+    done = 0  # rows of this partition in earlier batches
     for frame in batches:
         if model is None and len(frame):
             model = _load(archive_name)  # an empty partition never loads it
@@ -66,13 +76,64 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
             chunk = frame.iloc[start:start + batch_size]
             model_input = pd.DataFrame({model_image_col: chunk[image_col].to_numpy()},
                                        index=chunk.index)
-            outputs.append(model.predict(model_input))
+            try:
+                outputs.append(model.predict(model_input))
+            except _BAD_INPUT:
+                # Rare: find the rows at fault one by one.
+                outputs.append(_row_by_row(model, model_input, done + start, image_col,
+                                           error_col))
         result = frame.copy()
         scored = pd.concat(outputs) if outputs else pd.DataFrame(
             {name: pd.Series(dtype="object") for name in output_cols})
         for model_col, df_col in output_cols.items():
             values = scored[model_col].to_numpy()
             if model_col == "probabilities":
-                values = [list(map(float, v)) for v in values]
+                values = [None if v is None else list(map(float, v)) for v in values]
             result[df_col] = values
+        if error_col is not None:
+            result[error_col] = (scored["error"].to_numpy() if "error" in scored
+                                 else [None] * len(result))
+        done += len(frame)
         yield result
+
+
+def _row_by_row(model, model_input, first_row: int, image_col: str, error_col: str | None):
+    """Score ``model_input`` a row at a time; a row the model refuses gets
+    null outputs and its reason (or, without ``error_col``, fails the task
+    with an error naming it)."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for i in range(len(model_input)):
+        row = model_input.iloc[i:i + 1]
+        try:
+            rows.append(model.predict(row).assign(error=None))
+        except _BAD_INPUT as exc:
+            reason = _reason(exc)
+            if error_col is None:
+                raise ValueError(
+                    f"cannot score {_place(first_row + i)} of column {image_col!r}: {reason}. "
+                    f"Fix or drop that row, or pass on_error='null' to score every other row "
+                    f"and get a null prediction with the reason in a column") from None
+            rows.append(pd.DataFrame({"prediction": [None], "probability": [np.nan],
+                                      "probabilities": [None], "error": [reason]},
+                                     index=row.index))
+    return pd.concat(rows)
+
+
+def _place(row: int) -> str:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    where = f" of partition {context.partitionId()}" if context is not None else ""
+    return f"row {row}{where}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The model's message without its batch position (one row here)."""
+    import re
+
+    text = getattr(exc, "message", None) or str(exc)
+    text = re.sub(r"^in column '[^']*', batch starting at row [^:]*: image 0 ", "image ", text)
+    return text.splitlines()[0][:1000] if text else type(exc).__name__

@@ -19,7 +19,8 @@ __all__ = ["score_dataframe"]
 
 def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str = "prediction",
                     probability_col: str = "probability", probabilities_col: str | None = None,
-                    batch_size: int = 64):
+                    batch_size: int = 64, on_error: str = "raise",
+                    error_col: str = "score_error"):
     """Score a DataFrame of encoded images with a classifier logged by
     :func:`dist_dl.tracking.log_keras_classifier`.
 
@@ -36,7 +37,16 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
         probability_col: New column for that class's probability (double).
         probabilities_col: If given, new column for every class's probability
             (array<double>).
-        batch_size: Rows per call to the model (bounds executor memory).
+        batch_size: Rows per call to the model (bounds executor memory:
+            each Python worker holds its Arrow batch, ``spark.sql.execution.
+            arrow.maxRecordsPerBatch`` rows, and one chunk of decoded images).
+        on_error: What an image that cannot be scored (null, empty, not
+            decodable) does. ``"raise"`` (default): the Spark job fails with
+            an error naming the partition, the row's place in it and why.
+            ``"null"``: that row's outputs are null and ``error_col`` says
+            why; every other row is scored as usual.
+        error_col: With ``on_error="null"``, the new string column of reasons
+            (null where the row was scored).
 
     Returns:
         ``df`` with the new columns added; every row kept, in the same partitions.
@@ -56,16 +66,18 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
     if not isinstance(field.dataType, T.BinaryType):
         raise ValueError(f"image_col {image_col!r} must be binary (encoded image bytes), "
                          f"but it is {field.dataType.simpleString()}")
+    if on_error not in _ON_ERROR:
+        raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
     output_cols = {"prediction": prediction_col, "probability": probability_col}
     if probabilities_col is not None:
         output_cols["probabilities"] = probabilities_col
-    names = list(output_cols.values())
+    names = list(output_cols.values()) + ([error_col] if on_error == "null" else [])
     if len(set(names)) != len(names):
         raise ValueError(f"the output column names must differ, got {names}")
     for name in names:
         if name in df.columns:
-            raise ValueError(f"column {name!r} already exists in the DataFrame; "
-                             "pass another name (prediction_col=..., probability_col=...)")
+            raise ValueError(f"column {name!r} already exists in the DataFrame; pass another "
+                             "name (prediction_col=..., probability_col=..., error_col=...)")
 
     local_dir = _download(model_uri)
     model_image_col = _model_image_col(local_dir, model_uri)
@@ -73,22 +85,27 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
     spark = df.sparkSession
     spark.sparkContext.addFile(archive)
 
+    nullable = on_error == "null"
     schema = T.StructType(list(df.schema.fields))
-    schema = schema.add(prediction_col, T.LongType(), nullable=False)
-    schema = schema.add(probability_col, T.DoubleType(), nullable=False)
+    schema = schema.add(prediction_col, T.LongType(), nullable=nullable)
+    schema = schema.add(probability_col, T.DoubleType(), nullable=nullable)
     if probabilities_col is not None:
         schema = schema.add(probabilities_col, T.ArrayType(T.DoubleType(), containsNull=False),
-                            nullable=False)
+                            nullable=nullable)
+    if nullable:
+        schema = schema.add(error_col, T.StringType(), nullable=True)
 
     from functools import partial
 
     from dist_dl.score._executor import score_partition
 
     fn = partial(score_partition, archive_name=os.path.basename(archive), image_col=image_col,
-                 model_image_col=model_image_col, output_cols=output_cols, batch_size=batch_size)
+                 model_image_col=model_image_col, output_cols=output_cols, batch_size=batch_size,
+                 error_col=error_col if nullable else None)
     return df.mapInPandas(fn, schema)
 
 
+_ON_ERROR = ("raise", "null")
 _scratch: str | None = None
 
 

@@ -101,17 +101,19 @@ class TrainedModel:
 
     def transform(self, df, *, image_col: str | None = None, prediction_col: str = "prediction",
                   probability_col: str = "probability", probabilities_col: str | None = None,
-                  batch_size: int = 64):
+                  batch_size: int = 64, on_error: str = "raise", error_col: str = "score_error"):
         """Score a Spark DataFrame of encoded images on the executors (a
         pandas UDF per partition), adding the predicted class index and its
-        probability (and, with ``probabilities_col``, every class's)."""
+        probability (and, with ``probabilities_col``, every class's); see
+        :func:`dist_dl.score.score_dataframe` for ``on_error``."""
         from dist_dl.score import score_dataframe
         from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             return score_dataframe(df, self.model_uri, image_col=image_col or self.image_col,
                                    prediction_col=prediction_col, probability_col=probability_col,
-                                   probabilities_col=probabilities_col, batch_size=batch_size)
+                                   probabilities_col=probabilities_col, batch_size=batch_size,
+                                   on_error=on_error, error_col=error_col)
 
     def keras_model(self):
         """The trained Keras model (float32, logits out), loaded from the run."""
