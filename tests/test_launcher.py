@@ -311,6 +311,19 @@ def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path)
 
 
 @pytest.mark.timeout(120)
+def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
+        spark, tmp_path):
+    # The same for workers in Spark tasks, which Horovod starts with an entry
+    # of its own that returned into a normal interpreter exit: a hang after
+    # the last epoch was seen there (launch/spark.py,
+    # _workers_exit_without_final_collection); here the left thread would
+    # keep it for ten minutes.
+    assert HorovodRunner(np=2, spark=spark).run(workers.leave_a_thread_and_an_exit_handler,
+                                                marker_dir=str(tmp_path)) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
+
+
+@pytest.mark.timeout(120)
 def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     if visible_gpus():
         pytest.skip("the default is for CPU workers; GPU workers keep Horovod's 1 ms")

@@ -76,8 +76,10 @@ def gone_within(patterns, seconds=10.0):
         time.sleep(0.25)
 '''
 
-# Horovod's worker processes on Spark tasks and on the driver machine.
-_HOROVOD = ["horovod.spark.task.gloo_exec_fn", "dist_dl.launch._worker_main"]
+# Horovod's worker processes on Spark tasks (dist_dl's entry, and Horovod's
+# own, which it replaces) and on the driver machine.
+_HOROVOD = ["dist_dl.launch._spark_worker_main", "horovod.spark.task.gloo_exec_fn",
+            "dist_dl.launch._worker_main"]
 
 
 def _hosts_by_ns(cluster) -> dict:

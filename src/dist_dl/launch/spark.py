@@ -178,6 +178,7 @@ class SparkBackend:
         wait_for_free_slots(spark, num_proc, slots, options.timeout)
         _patch_shutdown_event()
         _stream_output_live()
+        _workers_exit_without_final_collection()
         _detect_dead_task_services()
         _prompt_termination_on_tasks()
         _record_spark_failures()
@@ -345,6 +346,40 @@ def _stream_output_live() -> None:
 
     if not isinstance(network.shutil, _LiveCopy):
         network.shutil = _LiveCopy()
+
+
+# What Horovod's Spark launcher runs in each task's worker process, and ours.
+_HOROVOD_ENTRY = "horovod.spark.task.gloo_exec_fn"
+_WORKER_ENTRY = "dist_dl.launch._spark_worker_main"
+
+
+def _workers_exit_without_final_collection() -> None:
+    """Each worker process on a Spark task ends as a local worker does
+    (:mod:`dist_dl.launch._worker_main`): exit handlers, flushed streams,
+    then ``os._exit``, without the interpreter's last garbage collection.
+
+    Horovod starts them as ``python -m horovod.spark.task.gloo_exec_fn ...``,
+    which returns from ``main`` into a normal interpreter exit. That last
+    collection can destroy a tf.data iterator whose map thread is inside
+    Petastorm's Python generator and needs the GIL the destructor holds
+    (tensorflow/tensorflow#22632): the worker hangs after its result is sent,
+    and Horovod's driver waits for its exit code for ever. Seen in CI on the
+    cluster of separate hosts (tests/test_reliability.py, F5): every epoch
+    done, the driver's threads waiting in ``wait_for_command_exit_code`` for
+    one rank, 700 s. The command is rewritten to run our entry module, which
+    calls Horovod's ``main`` with the same arguments."""
+    from horovod.spark import gloo_run as spark_gloo_run
+
+    launch = spark_gloo_run.launch_gloo
+    if getattr(launch, "_dist_dl_wrapped", False):
+        return
+
+    def launch_gloo(command, *args, **kwargs):
+        command = tuple(_WORKER_ENTRY if part == _HOROVOD_ENTRY else part for part in command)
+        return launch(command, *args, **kwargs)
+
+    launch_gloo._dist_dl_wrapped = True
+    spark_gloo_run.launch_gloo = launch_gloo
 
 
 # Keepalive of the driver's connections to the tasks' services: the first
