@@ -61,7 +61,36 @@ __all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "MemoryPeaks", "thread
            "result_entry", "merge_results", "plot_results", "publish_results", "GOALS"]
 
 
-class MemoryPeaks:
+class _Sampler:
+    """A background thread that calls :meth:`_sample` every ``interval``
+    seconds (and once at the start) while the ``with`` block runs."""
+
+    def __init__(self, interval: float, name: str):
+        import threading
+
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class MemoryPeaks(_Sampler):
     """Peak resident memory of this process's descendants (on Spark the JVM
     and its Python workers), read through psutil every ``interval`` seconds
     by a background thread while the ``with`` block runs.
@@ -73,14 +102,9 @@ class MemoryPeaks:
     """
 
     def __init__(self, interval: float = 0.2):
-        import threading
-
-        self.interval = interval
+        super().__init__(interval, "dist_dl-memory-sampler")
         self.peaks: dict[int, tuple[str, int]] = {}
         self.peak_total: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dist_dl-memory-sampler",
-                                        daemon=True)
 
     @staticmethod
     def kind(command: str) -> str:
@@ -91,41 +115,30 @@ class MemoryPeaks:
             return "jvm"
         return "other"
 
-    def _run(self) -> None:
+    def _sample(self) -> None:
         import psutil
 
-        while True:
-            totals: dict[str, int] = {}
-            for proc in psutil.Process().children(recursive=True):
-                try:
-                    command = " ".join(proc.cmdline()[:4])
-                    rss = proc.memory_info().rss
-                except psutil.Error:  # ended between listing and reading
-                    continue
-                previous = self.peaks.get(proc.pid, (command, 0))[1]
-                self.peaks[proc.pid] = (command, max(previous, rss))
-                kind = self.kind(command)
-                totals[kind] = totals.get(kind, 0) + rss
-            for kind, total in totals.items():
-                self.peak_total[kind] = max(self.peak_total.get(kind, 0), total)
-            if self._stop.wait(self.interval):
-                return
+        totals: dict[str, int] = {}
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                command = " ".join(proc.cmdline()[:4])
+                rss = proc.memory_info().rss
+            except psutil.Error:  # ended between listing and reading
+                continue
+            previous = self.peaks.get(proc.pid, (command, 0))[1]
+            self.peaks[proc.pid] = (command, max(previous, rss))
+            kind = self.kind(command)
+            totals[kind] = totals.get(kind, 0) + rss
+        for kind, total in totals.items():
+            self.peak_total[kind] = max(self.peak_total.get(kind, 0), total)
 
     def peak(self, kind: str) -> int:
         """Largest peak of one process of ``kind`` (0 if none was seen)."""
         return max((rss for command, rss in self.peaks.values() if self.kind(command) == kind),
                    default=0)
 
-    def __enter__(self) -> "MemoryPeaks":
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class CpuSampler:
+class CpuSampler(_Sampler):
     """CPU time of every thread of this process's descendants (the workers,
     and on Spark the JVM and its Python workers), read through psutil every
     ``interval`` seconds by a background thread while the ``with`` block runs.
@@ -136,13 +149,8 @@ class CpuSampler:
     """
 
     def __init__(self, interval: float = 1.0):
-        import threading
-
-        self.interval = interval
+        super().__init__(interval, "dist_dl-cpu-sampler")
         self.samples: list[tuple[float, dict]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dist_dl-cpu-sampler",
-                                        daemon=True)
 
     @staticmethod
     def _snapshot() -> dict:
@@ -159,21 +167,10 @@ class CpuSampler:
                 continue
         return out
 
-    def _run(self) -> None:
+    def _sample(self) -> None:
         import time
 
-        while True:
-            self.samples.append((time.perf_counter(), self._snapshot()))
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> "CpuSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.samples.append((time.perf_counter(), self._snapshot()))
 
     def _inside(self, start: float, end: float) -> list:
         return [(t, snap) for t, snap in self.samples if start <= t <= end]

@@ -119,9 +119,7 @@ def _decode_one_by_one(images: list, spec: ImagePreprocessing):
 
     height, width = spec.image_size
     arrays = []
-    for position, data in enumerate(images):
-        if data is None or len(data) == 0:
-            raise ValueError(f"image {position} is {'null' if data is None else 'empty'}")
+    for position, data in enumerate(images):  # none null or empty: decode_images checked
         data = bytes(data)
         try:
             if spec.crop_fraction is not None and data[:3] == _JPEG_MAGIC:

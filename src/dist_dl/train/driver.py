@@ -416,7 +416,6 @@ def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig, key: bytes) -> int:
 def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.launch import HorovodRunner, JobTimeout, WorkerError
     from dist_dl.quiet import quiet_env
-    from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.worker import train_worker
 
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
@@ -433,9 +432,6 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
             client.set_tag(run_id, "dist_dl.attempts", str(attempt))
             return result, attempt
         except (WorkerError, JobTimeout) as exc:
-            latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
-            where = (f"{latest.path} (after epoch {latest.epoch})" if latest
-                     else f"none yet in {spec.checkpoint_dir}")
             # Worker errors are text the worker chose, and may quote a
             # secret: redacted before it is stored or shown (the worker
             # redacted what its environment knows; this, the driver's).
@@ -445,15 +441,33 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
             if attempt > cfg.max_retries or not retriable:
                 why = (f"after {attempt} attempts (max_retries={cfg.max_retries})" if retriable
                        else "and is not retried (an error of the code or the data fails again)")
-                raise TrainingFailed(
-                    f"training failed {why}: {first_line}. Last complete checkpoint: {where}; "
-                    f"a new run with checkpoint_dir={spec.checkpoint_dir!r} resumes from it.",
-                    run_id=run_id, checkpoint=str(latest.path) if latest else None,
-                    checkpoint_epoch=latest.epoch if latest else 0, attempts=attempt) from exc
+                raise _training_failed(f"training failed {why}: {first_line}.", spec, run_id,
+                                       attempt) from exc
             print(f"dist_dl: attempt {attempt} failed ({first_line}); retry "
-                  f"{attempt}/{cfg.max_retries} resumes from checkpoint {where}", flush=True)
+                  f"{attempt}/{cfg.max_retries} resumes from checkpoint "
+                  f"{_last_checkpoint(spec)[1]}", flush=True)
             if backend == "spark":
                 _wait_for_capacity(spark, cfg, spec, attempt, first_line, run_id)
+
+
+def _last_checkpoint(spec):
+    """The newest complete checkpoint of the run (or None), and words for it."""
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
+    where = (f"{latest.path} (after epoch {latest.epoch})" if latest
+             else f"none yet in {spec.checkpoint_dir}")
+    return latest, where
+
+
+def _training_failed(text: str, spec, run_id: str, attempts: int) -> TrainingFailed:
+    """``TrainingFailed`` with ``text``, then where the run can resume from."""
+    latest, where = _last_checkpoint(spec)
+    return TrainingFailed(
+        f"{text} Last complete checkpoint: {where}; a new run with "
+        f"checkpoint_dir={spec.checkpoint_dir!r} resumes from it.",
+        run_id=run_id, checkpoint=str(latest.path) if latest else None,
+        checkpoint_epoch=latest.epoch if latest else 0, attempts=attempts)
 
 
 def _wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
@@ -470,21 +484,14 @@ def _wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str
     """
     from dist_dl.launch import NotEnoughSlots
     from dist_dl.launch.spark import check_slots
-    from dist_dl.train.checkpoint import CheckpointManager
 
     try:
         check_slots(spark, cfg.num_workers, cfg.retry_wait, every=15.0)
     except NotEnoughSlots as exc:
-        latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
-        where = (f"{latest.path} (after epoch {latest.epoch})" if latest
-                 else f"none yet in {spec.checkpoint_dir}")
-        raise TrainingFailed(
+        raise _training_failed(
             f"training failed: attempt {attempt} failed ({failure}) and its retry found too few "
-            f"task slots within retry_wait={cfg.retry_wait:g} s: {exc} Last complete "
-            f"checkpoint: {where}; a new run with checkpoint_dir={spec.checkpoint_dir!r} "
-            f"resumes from it.",
-            run_id=run_id, checkpoint=str(latest.path) if latest else None,
-            checkpoint_epoch=latest.epoch if latest else 0, attempts=attempt) from exc
+            f"task slots within retry_wait={cfg.retry_wait:g} s: {exc}", spec, run_id,
+            attempt) from exc
 
 
 def _retriable(exc: Exception) -> bool:
