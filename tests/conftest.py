@@ -42,7 +42,7 @@ PROFILE_SUBSET_SLOW = frozenset({
     "tests/test_notebooks.py::test_notebook_runs_locally[03_horovod_runner]",
     "tests/test_notebooks.py::test_notebook_runs_locally[04_train_distributed_dataframe]",
     "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
-    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model",
+    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[horovod]",
 })
 
 
@@ -75,7 +75,8 @@ SLOW_BY_DURATION = frozenset({
     "tests/test_output.py::test_the_embedded_session_starts_quietly_and_keeps_warnings",
     "tests/test_secrets.py::test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact",
     "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
-    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint",
+    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint[horovod]",
+    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint[tensorflow]",
 })
 
 

@@ -1,5 +1,7 @@
-"""train_distributed end to end: real Horovod workers (local processes and
-Spark tasks), real Petastorm shards, a real MLflow file store."""
+"""train_distributed end to end: real Horovod workers and real tf.distribute
+workers (local processes and Spark tasks), real Petastorm and arrow readers
+over Parquet shards, a real MLflow file store. Tests of what both engines
+promise are parametrized by engine."""
 from __future__ import annotations
 
 import os
@@ -13,9 +15,16 @@ from mlflow.tracking import MlflowClient
 import train_hooks
 from dist_dl import TrainConfig, TrainingFailed, train_distributed
 from dist_dl.prepare import make_synthetic_images, write_digits_tree
+from dist_dl.launch.backend import auto_engine
 from dist_dl.tracking.target import mlflow_target
 
 cloudpickle.register_pickle_by_value(train_hooks)
+
+# Both engines where Horovod imports; tf.distribute alone on the profiles of
+# runtimes without Horovod (Databricks Runtime 16.0 ML and later).
+ENGINES = [pytest.param("horovod", marks=pytest.mark.skipif(
+               auto_engine() != "horovod", reason="horovod.tensorflow does not import here")),
+           "tensorflow"]
 
 # Settings under which a run is a pure function of its inputs.
 EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
@@ -63,17 +72,31 @@ def _epochs_begun(path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, store, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, store, tmp_path,
+                                                                      engine):
     common = dict(model=train_hooks.plain_cnn, epochs=1, tracking_uri=store,
-                  output_dir=str(tmp_path), backend="local", **EXACT)
+                  output_dir=str(tmp_path), backend="local", engine=engine, **EXACT)
     one = train_distributed(shards, num_workers=1, batch_size=8, learning_rate=0.1, **common)
     # Learning rate 0.05 per worker, scaled by 2 workers: the same 0.1.
     two = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05, **common)
     assert one.num_workers == 1 and two.num_workers == 2
-    assert MlflowClient(store).get_run(two.run_id).data.params["steps_per_epoch"] == "3"
+    params = MlflowClient(store).get_run(two.run_id).data.params
+    assert params["steps_per_epoch"] == "3" and params["train.engine"] == engine
     difference = _max_difference(_weights(one), _weights(two))
     print(f"largest weight difference after 3 steps: {difference:.2e}")
     assert difference < 1e-5
+    # The tolerance tells updates apart: unscaled, two workers step half as far.
+    # (With Horovod, the cycle time a user chose reaches every worker's Horovod.)
+    probe = str(tmp_path / "cycle_time")
+    horovod_only = dict(cycle_time_ms=2.5, callbacks=train_hooks.EnvProbe(
+        probe, "HOROVOD_CYCLE_TIME", "2.5")) if engine == "horovod" else {}
+    unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
+                                 scale_learning_rate=False, **horovod_only, **common)
+    assert _max_difference(_weights(one), _weights(unscaled)) > 100 * max(difference, 1e-7)
+    if engine == "tensorflow":
+        return
+    assert _probed(probe) == ["present", "present"]
     # All gradients in one explicit allreduce group: the same update.
     grouped = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
                                 allreduce_groups=1, **common)
@@ -82,21 +105,13 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     arrow = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
                               reader="arrow", **common)
     assert _max_difference(_weights(one), _weights(arrow)) < 1e-5
-    # The tolerance tells updates apart: unscaled, two workers step half as far.
-    probe = str(tmp_path / "cycle_time")
-    unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
-                                 scale_learning_rate=False, cycle_time_ms=2.5,
-                                 callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME", "2.5"),
-                                 **common)
-    assert _max_difference(_weights(one), _weights(unscaled)) > 100 * max(difference, 1e-7)
-    # A cycle time the user chose reaches every worker's Horovod.
-    assert _probed(probe) == ["present", "present"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model(
-        spark, store, tmp_path, capsys):
+        spark, store, tmp_path, capsys, engine):
     from pyspark.sql import functions as F
 
     train_dir, val_dir = write_digits_tree(str(tmp_path / "digits"), image_size=32)
@@ -110,7 +125,7 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     config = TrainConfig(model="small_cnn", image_size=32, image_col="content", label_col="digit",
                          num_workers=2, backend="spark", epochs=6, batch_size=32,
                          learning_rate=0.1, warmup_epochs=1, augment=False,
-                         eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"))
+                         eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"), engine=engine)
     trained = train_distributed(frame(train_dir), validation=frame(val_dir), config=config,
                                 tracking_uri=store, registered_model_name="digits")
     out = capsys.readouterr().out
@@ -160,10 +175,12 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
-        shards, store, tmp_path):
+        shards, store, tmp_path, engine):
     common = dict(model="small_cnn", epochs=2, num_workers=2, batch_size=4, learning_rate=0.05,
-                  tracking_uri=store, output_dir=str(tmp_path), backend="local", **EXACT)
+                  tracking_uri=store, output_dir=str(tmp_path), backend="local", engine=engine,
+                  **EXACT)
     uninterrupted = train_distributed(shards, checkpoint_dir=str(tmp_path / "a"), **common)
     log = str(tmp_path / "epochs.log")
     stopped = train_distributed(shards, checkpoint_dir=str(tmp_path / "b"),
@@ -180,12 +197,13 @@ def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
-        shards, store, tmp_path):
+        shards, store, tmp_path, engine):
     log = str(tmp_path / "epochs.log")
     trained = train_distributed(
         shards, model="small_cnn", epochs=3, num_workers=2, batch_size=4, image_size=16,
-        validation_fraction=0.0, max_retries=1, backend="local", tracking_uri=store,
+        validation_fraction=0.0, max_retries=1, backend="local", tracking_uri=store, engine=engine,
         output_dir=str(tmp_path), callbacks=train_hooks.EpochLog(log, kill_rank=1, kill_epoch=1,
                                                                  kill_batch=1))
     assert os.path.exists(log + ".killed")
@@ -199,12 +217,14 @@ def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
 
 
 @pytest.mark.timeout(180)
-def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, store, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, store, tmp_path,
+                                                                       engine):
     with pytest.raises(TrainingFailed, match="not retried.*Last complete checkpoint: none yet") \
             as info:
         train_distributed(shards, model=train_hooks.wrong_units, num_workers=2, batch_size=4,
                           image_size=16, validation_fraction=0.0, max_retries=2, backend="local",
-                          tracking_uri=store, output_dir=str(tmp_path))
+                          tracking_uri=store, output_dir=str(tmp_path), engine=engine)
     assert info.value.attempts == 1 and info.value.checkpoint is None
     assert "classes" in str(info.value)  # the worker's own message: the output units
     assert MlflowClient(store).get_run(info.value.run_id).info.status == "FAILED"
@@ -255,19 +275,26 @@ def test_a_retry_waits_for_task_slots_and_fails_naming_the_wait_and_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
-        shards, store, tmp_path):
+        shards, store, tmp_path, engine):
     probe = str(tmp_path / "cycle_time")
+    # fp16 gradients are Horovod's compression; tf.distribute has none (refused: see
+    # test_bad_input_fails_on_the_driver_before_any_worker_or_run).
+    fp16 = engine == "horovod"
     trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
                                 image_size=16, validation_fraction=0.0, mixed_precision="on",
-                                fp16_allreduce=True, backend="local", tracking_uri=store,
-                                output_dir=str(tmp_path),
+                                fp16_allreduce=fp16, backend="local", tracking_uri=store,
+                                output_dir=str(tmp_path), engine=engine,
                                 callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME", "5.0"))
     assert np.isfinite(trained.metrics["loss"])
     model = trained.keras_model()
     assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
     params = MlflowClient(store).get_run(trained.run_id).data.params
-    assert params["train.mixed_precision"] == "on" and params["train.fp16_allreduce"] == "True"
+    assert params["train.mixed_precision"] == "on"
+    assert params["train.fp16_allreduce"] == str(fp16)
+    if not fp16:
+        return
     # No GPU and no cycle time given: CPU workers run Horovod at 5 ms, not its 1 ms.
     assert _probed(probe) == ["present", "present"]
 
@@ -333,4 +360,11 @@ def test_bad_input_fails_on_the_driver_before_any_worker_or_run(spark, shards, s
     frame = spark.createDataFrame([(b"not an image", "cat")], "image binary, name string")
     with pytest.raises(ValueError, match=r"column 'label' \(label_col\) is not in the DataFrame"):
         train_distributed(frame, tracking_uri=store, output_dir=str(tmp_path))
+    # Horovod's allreduce settings have no tf.distribute counterpart: refused, not ignored.
+    with pytest.raises(ValueError, match=r"fp16_allreduce=True, cycle_time_ms=2\.0: Horovod's "
+                                         r"allreduce settings.*engine='horovod'"):
+        train_distributed(shards, engine="tensorflow", fp16_allreduce=True, cycle_time_ms=2.0,
+                          tracking_uri=store)
+    with pytest.raises(ValueError, match=r"TrainConfig.engine must be one of"):
+        train_distributed(shards, engine="mpi", tracking_uri=store)
     assert runs() == 0

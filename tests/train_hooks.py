@@ -19,8 +19,9 @@ class EpochLog:
         self.stop_after = stop_after
 
     def __call__(self):
-        import horovod.tensorflow.keras as hvd
         import tensorflow as tf
+
+        from dist_dl.launch.device import process_rank
 
         spec = self
 
@@ -28,11 +29,11 @@ class EpochLog:
             def on_epoch_begin(self, epoch, logs=None):
                 self._epoch = epoch
                 with open(spec.path, "a") as f:
-                    f.write(f"{os.getpid()} {hvd.rank()} {epoch}\n")
+                    f.write(f"{os.getpid()} {process_rank()} {epoch}\n")
 
             def on_train_batch_end(self, batch, logs=None):
                 marker = spec.path + ".killed"
-                if (hvd.rank() == spec.kill_rank and self._epoch == spec.kill_epoch
+                if (process_rank() == spec.kill_rank and self._epoch == spec.kill_epoch
                         and batch == spec.kill_batch and not os.path.exists(marker)):
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -77,14 +78,17 @@ def wide_mlp(input_shape, classes):
 class CountedBuilder:
     """A model builder that appends ``<pid> <HOROVOD_RANK>`` to ``path`` each
     time it builds (through a file: the workers are other processes; the
-    rank from the environment: Horovod may not be initialised yet)."""
+    rank from the environment: Horovod may not be initialised yet; a
+    tf.distribute worker's from TF_CONFIG)."""
 
     def __init__(self, path: str, builder):
         self.path, self.builder = path, builder
 
     def __call__(self, input_shape, classes):
         with open(self.path, "a") as f:
-            f.write(f"{os.getpid()} {os.environ.get('HOROVOD_RANK')}\n")
+            from dist_dl.launch.device import process_rank
+
+            f.write(f"{os.getpid()} {process_rank()}\n")
         return self.builder(input_shape, classes)
 
 
@@ -105,11 +109,12 @@ class EnvProbe:
         self.prefix, self.name, self.expected = prefix, name, expected
 
     def __call__(self):
-        import horovod.tensorflow.keras as hvd
         import tensorflow as tf
 
+        from dist_dl.launch.device import process_rank
+
         seen = "present" if os.environ.get(self.name) == self.expected else "absent"
-        with open(f"{self.prefix}-rank{hvd.rank()}", "w") as f:
+        with open(f"{self.prefix}-rank{process_rank()}", "w") as f:
             f.write(seen)
         return [tf.keras.callbacks.Callback()]
 

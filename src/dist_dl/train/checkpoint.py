@@ -61,6 +61,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 import warnings
@@ -74,7 +75,7 @@ from dist_dl.launch.device import horovod_if_initialized, process_rank
 from dist_dl.lazy import lazy_attributes
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
-           "UntrustedCheckpoint", "resume"]
+           "UntrustedCheckpoint", "resume", "save_as_peer"]
 
 _log = logging.getLogger(__name__)
 
@@ -461,13 +462,22 @@ def _define_checkpoint_callback():
             metadata: Extra JSON values stored with every checkpoint (the epoch's
                 metrics are stored under ``"logs"``).
             include_optimizer: Save the optimizer's state (default True).
+            peers: Under tf.distribute's ``MultiWorkerMirroredStrategy``, give
+                every worker this callback with ``peers=True``: a save reads
+                the variables synchronised on read (BatchNormalization's
+                moving statistics), each read an all-reduce that every worker
+                must join (TensorFlow's multi-worker guide: all workers save,
+                the others to a temporary place). The workers that do not
+                write save the same state to a temporary local folder,
+                removed at once (:func:`save_as_peer`).
 
         Attributes:
             last_saved: The checkpoint this callback published last, or None.
         """
 
         def __init__(self, manager: CheckpointManager, *, every: int = 1, writer: bool | None = None,
-                     metadata: Mapping[str, Any] | None = None, include_optimizer: bool = True):
+                     metadata: Mapping[str, Any] | None = None, include_optimizer: bool = True,
+                     peers: bool = False):
             super().__init__()
             if not isinstance(manager, CheckpointManager):
                 raise ValueError(f"manager must be a CheckpointManager, got {type(manager).__name__}")
@@ -480,6 +490,7 @@ def _define_checkpoint_callback():
             self.writer = writer
             self.extra_metadata = dict(metadata or {})
             self.include_optimizer = include_optimizer
+            self.peers = peers
             self.last_saved: CheckpointInfo | None = None
             self._epochs = None
 
@@ -488,9 +499,11 @@ def _define_checkpoint_callback():
 
         def on_epoch_end(self, epoch, logs=None):
             completed = epoch + 1
-            if not self.writer:
-                return
             if completed % self.every and completed != self._epochs:
+                return
+            if not self.writer:
+                if self.peers:
+                    save_as_peer(self.model, include_optimizer=self.include_optimizer)
                 return
             metrics = numeric_logs(logs)
             self.last_saved = self.manager.save(
@@ -500,6 +513,20 @@ def _define_checkpoint_callback():
     CheckpointCallback.__module__ = __name__
     CheckpointCallback.__qualname__ = "CheckpointCallback"
     return CheckpointCallback
+
+
+def save_as_peer(model, *, optimizer=None, include_optimizer: bool = True) -> None:
+    """The part of :meth:`CheckpointManager.save` that reads the state, on a
+    tf.distribute worker that does not write: the same variables read in the
+    same order (joining the writer's all-reduces), written to a temporary
+    local folder that is removed at once."""
+    import tensorflow as tf
+
+    optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
+    if optimizer is not None:
+        _build_optimizer(optimizer, model)
+    with tempfile.TemporaryDirectory(prefix="dist_dl-peer-checkpoint-") as tmp:
+        tf.train.Checkpoint(**_trackables(model, optimizer)).write(os.path.join(tmp, _STATE_PREFIX))
 
 
 def _optimizer_of(model, optimizer):

@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from dist_dl.read.augment import READERS
 from dist_dl.settings import checked, setting
 
-__all__ = ["TrainConfig", "BACKENDS"]
+__all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
 
 BACKENDS = ("auto", "local", "spark")
+ENGINES = ("auto", "horovod", "tensorflow")
+# Settings of Horovod's allreduce that tf.distribute has no counterpart for:
+# with engine="tensorflow" they are refused, not ignored.
+HOROVOD_ONLY = {"fp16_allreduce": False, "backward_passes_per_step": 1, "cycle_time_ms": None,
+                "allreduce_groups": None, "fusion_threshold_mb": None}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,11 @@ class TrainConfig:
 
     Workers:
         num_workers: Data-parallel workers (Horovod ranks).
+        engine: ``"horovod"`` (allreduce by Horovod over Gloo, NCCL or MPI),
+            ``"tensorflow"`` (tf.distribute's MultiWorkerMirroredStrategy:
+            for runtimes without Horovod, Databricks Runtime 16.0 ML and
+            later) or ``"auto"`` (default): Horovod where
+            ``horovod.tensorflow`` imports, else tf.distribute.
         backend: ``"spark"``: Spark tasks (``HorovodRunner(np=num_workers)``);
             ``"local"``: processes on the driver machine (``np=-num_workers``);
             ``"auto"`` (default): local processes when Spark's master is
@@ -124,6 +134,7 @@ class TrainConfig:
     validation_fraction: float = setting(0.1, low=0.0, high=0.5)
 
     num_workers: int = setting(2, low=1)
+    engine: str = setting("auto", choices=ENGINES)
     backend: str = setting("auto", choices=BACKENDS)
     threads_per_worker: int | None = setting(None, low=1)
     pin_cpus: bool = setting(False)

@@ -3,9 +3,11 @@
 Runs on the Spark driver (a notebook, a job, a pipeline). It checks the input
 before any worker starts, turns a DataFrame into image shards once (reusing
 them for the same data), plans the shards per worker, opens the MLflow run,
-launches the workers (``HorovodRunner``, locally or on Spark) with
-:func:`dist_dl.train.worker.train_worker`, retries a failed attempt from the
-last checkpoint, and returns a :class:`TrainedModel`.
+launches the workers (``HorovodRunner`` with
+:func:`dist_dl.train.worker.train_worker`, or ``TFDistributeRunner`` with
+:func:`dist_dl.train.worker_tf.train_worker_tf`; locally or on Spark),
+retries a failed attempt from the last checkpoint, and returns a
+:class:`TrainedModel`.
 """
 from __future__ import annotations
 
@@ -132,7 +134,9 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
                       spark=None, tracking_uri: str | None = None, experiment: str | None = None,
                       run_name: str | None = None, registered_model_name: str | None = None,
                       **settings) -> TrainedModel:
-    """Train an image classifier on all workers, synchronously (Horovod allreduce).
+    """Train an image classifier on all workers, synchronously (Horovod's
+    allreduce, or tf.distribute's MultiWorkerMirroredStrategy where Horovod
+    is missing: ``engine``).
 
     Args:
         data: A Spark DataFrame with an encoded-image column (bytes, or paths
@@ -161,7 +165,8 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
         run_name: Name of the MLflow run (default: the model's name).
         registered_model_name: Also register the model under this name.
         **settings: Any :class:`TrainConfig` field, e.g. ``num_workers=4,
-            epochs=10, batch_size=64, learning_rate=0.025, label_col="y"``.
+            epochs=10, batch_size=64, learning_rate=0.025, label_col="y",
+            engine="tensorflow"``.
 
     Returns:
         The :class:`TrainedModel`.
@@ -177,6 +182,7 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             complete checkpoint.
     """
     cfg = _settings(config, settings)
+    cfg = dataclasses.replace(cfg, engine=_engine(cfg))
     builder = model if model is not None else cfg.model
     if not (callable(builder) or isinstance(builder, str)):
         raise ValueError(f"model must be a registry name or a builder function, got {builder!r}")
@@ -328,6 +334,31 @@ def _settings(config: TrainConfig | None, settings: dict) -> TrainConfig:
     return dataclasses.replace(config or TrainConfig(), **settings)
 
 
+def _engine(cfg: TrainConfig) -> str:
+    """The engine ``cfg.engine`` names, checked on the driver: Horovod must
+    import, and tf.distribute gets no setting only Horovod has."""
+    from dist_dl.launch.backend import auto_engine
+    from dist_dl.train.config import HOROVOD_ONLY
+
+    engine = auto_engine() if cfg.engine == "auto" else cfg.engine
+    if engine == "horovod" and cfg.engine == "horovod" and auto_engine() != "horovod":
+        raise ValueError(
+            "engine='horovod' but horovod.tensorflow does not import here (Databricks Runtime "
+            "16.0 ML and later ship no Horovod): use engine='tensorflow' or 'auto', or install "
+            "Horovod built against this TensorFlow")
+    if engine == "tensorflow":
+        chosen = [f"{name}={getattr(cfg, name)!r}" for name, default in HOROVOD_ONLY.items()
+                  if getattr(cfg, name) != default]
+        if chosen:
+            why = " (chosen by engine='auto': Horovod does not import here)" \
+                if cfg.engine == "auto" else ""
+            raise ValueError(
+                f"{', '.join(chosen)}: Horovod's allreduce settings, which engine 'tensorflow'"
+                f"{why} has no counterpart for: leave them at their defaults, or use "
+                "engine='horovod'")
+    return engine
+
+
 def _model_names() -> tuple:
     from dist_dl.train.models import MODEL_NAMES
 
@@ -414,16 +445,21 @@ def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig, key: bytes) -> int:
 
 
 def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
-    from dist_dl.launch import HorovodRunner, JobTimeout, WorkerError
+    from dist_dl.launch import HorovodRunner, JobTimeout, TFDistributeRunner, WorkerError
     from dist_dl.quiet import quiet_env
-    from dist_dl.train.worker import train_worker
 
+    if cfg.engine == "tensorflow":
+        from dist_dl.train.worker_tf import train_worker_tf as train_worker
+        runner_class, env = TFDistributeRunner, quiet_env()
+    else:
+        from dist_dl.train.worker import train_worker
+        runner_class, env = HorovodRunner, {**quiet_env(), **cfg.horovod_env()}
     np = cfg.num_workers if backend == "spark" else -cfg.num_workers
     # Progress comes through log_to_driver; the workers' own output only with
     # an error (its last lines), on either backend.
-    runner = HorovodRunner(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                           pin_cpus=cfg.pin_cpus, env={**quiet_env(), **cfg.horovod_env()},
-                           spark=spark, driver_log_verbosity="log_callback_only")
+    runner = runner_class(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
+                          pin_cpus=cfg.pin_cpus, env=env, spark=spark,
+                          driver_log_verbosity="log_callback_only")
     attempt = 0
     while True:
         attempt += 1

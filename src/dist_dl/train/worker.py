@@ -90,10 +90,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     keras = compat.keras()
 
     from dist_dl.launch.device import launcher_place
-    from dist_dl.read import ReaderConfig, make_dataset
-    from dist_dl.tracking import MlflowEpochLogger
     from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
-    from dist_dl.train.schedule import WarmupScaledSchedule
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
@@ -122,20 +119,9 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         _check_ranks((rank, local_rank), (hvd.rank(), hvd.local_rank()))
     size = hvd.size()
 
-    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
-                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
-                          shuffle_buffer=cfg.shuffle_buffer,
-                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
-                          reader=cfg.reader)
-    train_data = make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
-                              training=cfg.augment, shuffle=cfg.shuffle, config=reader,
-                              steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
-                              cache_dir=cfg.cache_dir, with_weights=True)
-
-    schedule = WarmupScaledSchedule(
-        cfg.learning_rate, size if cfg.scale_learning_rate else 1, spec.train_steps,
-        min(cfg.warmup_epochs, cfg.epochs),
-        total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+    reader = _reader_config(cfg)
+    train_data = _train_data(spec, reader, rank, size)
+    schedule = _schedule(cfg, size, spec.train_steps)
     optimizer = hvd.DistributedOptimizer(
         keras.optimizers.SGD(schedule, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
@@ -161,36 +147,93 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     # order (an allreduce each), before the rank-0-only ones read the logs.
     callbacks = [hvd.callbacks.MetricAverageCallback()]
     if spec.val_files:
-        val_data = make_dataset(list(spec.val_files), rank, size, cfg.batch_size, training=False,
-                                config=reader, steps_per_epoch=spec.val_steps, with_weights=True)
-        callbacks.append(_validation_callback(tf, hvd, val_data, spec.val_steps))
+        val_data = _val_data(spec, reader, rank, size)
+        callbacks.append(_validation_callback(
+            tf, val_data, spec.val_steps,
+            combine=lambda totals: hvd.allreduce(totals, op=hvd.Sum, name="dist_dl.validation")))
     callbacks += [_learning_rate_callback(tf, schedule), step_timer(cfg.batch_size * size)]
     if rank == 0:
-        callbacks += [
-            CheckpointCallback(manager, metadata={"run_id": spec.run_id}),
-            MlflowEpochLogger(images_per_epoch=cfg.batch_size * size * spec.train_steps,
-                              writer=True),
-            keras.callbacks.TensorBoard(spec.tensorboard_dir, update_freq="epoch",
-                                           profile_batch=0, write_graph=False),
-            _progress_callback(tf, cfg.epochs, spec.train_steps, cfg.batch_size * size),
-        ]
-    if spec.callbacks is not None:
-        callbacks += list(spec.callbacks())
+        callbacks += [CheckpointCallback(manager, metadata={"run_id": spec.run_id}),
+                      *_rank0_callbacks(spec, size)]
+    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed)
 
+
+def _reader_config(cfg: TrainConfig):
+    from dist_dl.read import ReaderConfig
+
+    return ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
+                        area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
+                        shuffle_buffer=cfg.shuffle_buffer,
+                        reader_threads=1 if cfg.deterministic else cfg.reader_threads,
+                        reader=cfg.reader)
+
+
+def _train_data(spec: WorkerSpec, reader, rank: int, size: int):
+    """This rank's training batches: ``batch_size`` rows, ``reader_steps`` per pass."""
+    from dist_dl.read import make_dataset
+
+    cfg = spec.config
+    return make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
+                        training=cfg.augment, shuffle=cfg.shuffle, config=reader,
+                        steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
+                        cache_dir=cfg.cache_dir, with_weights=True)
+
+
+def _val_data(spec: WorkerSpec, reader, rank: int, size: int):
+    from dist_dl.read import make_dataset
+
+    return make_dataset(list(spec.val_files), rank, size, spec.config.batch_size,
+                        training=False, config=reader, steps_per_epoch=spec.val_steps,
+                        with_weights=True)
+
+
+def _schedule(cfg: TrainConfig, size: int, steps: int):
+    from dist_dl.train.schedule import WarmupScaledSchedule
+
+    return WarmupScaledSchedule(
+        cfg.learning_rate, size if cfg.scale_learning_rate else 1, steps,
+        min(cfg.warmup_epochs, cfg.epochs),
+        total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+
+
+def _rank0_callbacks(spec: WorkerSpec, size: int) -> list:
+    """Rank 0's callbacks after its checkpoint: MLflow metrics, TensorBoard, progress."""
+    import tensorflow as tf
+    keras = compat.keras()
+
+    from dist_dl.tracking import MlflowEpochLogger
+
+    cfg = spec.config
+    return [
+        MlflowEpochLogger(images_per_epoch=cfg.batch_size * size * spec.train_steps, writer=True),
+        keras.callbacks.TensorBoard(spec.tensorboard_dir, update_freq="epoch", profile_batch=0,
+                                    write_graph=False),
+        _progress_callback(tf, cfg.epochs, spec.train_steps, cfg.batch_size * size),
+    ]
+
+
+def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int,
+                 initial_epoch: int, reader, mixed: bool, weights_everywhere: bool = False):
+    """``fit`` from ``initial_epoch`` (the user's callbacks last), then rank 0
+    logs the model into the run the driver created (and will close).
+    ``weights_everywhere``: every worker reads the final weights (tf.distribute)."""
     import mlflow
 
+    cfg = spec.config
+    if spec.callbacks is not None:
+        callbacks = [*callbacks, *spec.callbacks()]
     if rank == 0:
         mlflow.set_tracking_uri(spec.tracking_uri)
         if spec.registry_uri:
             mlflow.set_registry_uri(spec.registry_uri)
-    # Rank 0 logs into the run the driver created (and will close).
     with mlflow.start_run(run_id=spec.run_id) if rank == 0 else contextlib.nullcontext():
         if initial_epoch < cfg.epochs:
             model.fit(train_data, epochs=cfg.epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=spec.train_steps, callbacks=callbacks, verbose=0)
+        weights = model.get_weights() if weights_everywhere else None
         if rank != 0:
             return None
-        logged = _log_final_model(spec, model, reader, mixed)
+        logged = _log_final_model(spec, model, reader, mixed, weights=weights)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
 
 
@@ -255,12 +298,18 @@ def _log(rank: int, message: str) -> None:
         log_to_driver(message)
 
 
-def _validation_callback(tf, hvd, data, steps: int):
+def _validation_callback(tf, data, steps: int, *, step=None, combine=None):
     """Exact validation over all ranks: sums of weighted loss, correct
-    predictions and weights are allreduced, so rows repeated to even out the
-    shards (weight 0) count nothing and every real row counts once."""
+    predictions and weights, so rows repeated to even out the shards (weight
+    0) count nothing and every real row counts once.
+
+    ``step(sums, iterator)`` gives one batch's sums (default: this rank's,
+    ``sums(*next(iterator))``); ``combine(totals)`` adds up the ranks' totals
+    at the end (default: none, the steps' sums are over all ranks already).
+    """
     keras = compat.keras()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    step = step or (lambda sums, iterator: sums(*next(iterator)))
 
     class DistributedValidation(keras.callbacks.Callback):
         def __init__(self):
@@ -271,18 +320,18 @@ def _validation_callback(tf, hvd, data, steps: int):
         def _sums(self, images, labels, weights):
             logits = tf.cast(self.model(images, training=False), tf.float32)
             correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
-                                       labels), tf.float32)
+                                       tf.cast(labels, tf.int32)), tf.float32)
             return tf.stack([tf.reduce_sum(loss_fn(labels, logits) * weights),
                              tf.reduce_sum(correct * weights), tf.reduce_sum(weights)])
 
         def on_epoch_end(self, epoch, logs=None):
             if self._iterator is None:
                 self._iterator = iter(data)
-                self._step = tf.function(self._sums)
+                self._step = tf.function(lambda iterator: step(self._sums, iterator))
             totals = tf.zeros([3], tf.float32)
             for _ in range(steps):
-                totals += self._step(*next(self._iterator))
-            totals = hvd.allreduce(totals, op=hvd.Sum, name="dist_dl.validation").numpy()
+                totals += self._step(self._iterator)
+            totals = (combine(totals) if combine else totals).numpy()
             if logs is not None and totals[2] > 0:
                 logs["val_loss"] = float(totals[0] / totals[2])
                 logs["val_accuracy"] = float(totals[1] / totals[2])
@@ -342,17 +391,19 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
     return Progress()
 
 
-def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool) -> dict:
+def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool, weights=None) -> dict:
     """Rank 0, inside the run: the trained model (float32, for serving
-    anywhere) and the TensorBoard logs."""
+    anywhere) and the TensorBoard logs. With ``weights`` (read from ``model``
+    by every worker, as tf.distribute needs), a model built outside any
+    strategy with those weights is logged instead."""
     keras = compat.keras()
 
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier, log_tensorboard
 
-    if mixed:
+    if mixed or weights is not None:
         keras.mixed_precision.set_global_policy("float32")
         serving = _build(spec, mixed=False)
-        serving.set_weights(model.get_weights())
+        serving.set_weights(model.get_weights() if weights is None else weights)
         model = serving
     preprocessing = ImagePreprocessing(image_size=spec.config.image_size, channels=3,
                                        mean=reader.mean, std=reader.std,
