@@ -86,8 +86,8 @@ def test_jobs_folder_holds_the_job_definitions():
     assert JOB_FILES, "jobs/ holds no job file"
     names = {p.name for p in JOB_FILES}
     for cloud in ("azure", "aws"):
-        assert {f"training_workflow_{cloud}.json", f"benchmark_gpu_{cloud}.json",
-                f"ensemble_cpu_{cloud}.json"} <= names
+        assert {f"training_workflow_{cloud}.json", f"training_tfdist_{cloud}.json",
+                f"benchmark_gpu_{cloud}.json", f"ensemble_cpu_{cloud}.json"} <= names
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
@@ -120,20 +120,30 @@ def test_job_file_runs_the_wheel_with_parameters_not_literal_paths(path):
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
-def test_clusters_run_the_last_ml_runtime_with_horovod(path):
+def test_clusters_run_the_ml_runtime_of_their_engine(path):
+    """15.4 LTS ML, the last with Horovod; 16.4 LTS ML for the tf.distribute
+    jobs, whose training tasks choose that engine explicitly."""
     job = json.loads(path.read_text())
+    tfdist = path.stem.startswith("training_tfdist_")
     clusters = {c["job_cluster_key"]: c["new_cluster"] for c in job["job_clusters"]}
     for task in job["tasks"]:
-        command = task["python_wheel_task"]["parameters"][0]
+        argv = task["python_wheel_task"]["parameters"]
         runtime = clusters[task["job_cluster_key"]]["spark_version"]
-        gpu = command in ("train", "bench", "evaluate", "score")
-        expected = GPU_RUNTIME if gpu else CPU_RUNTIME
-        assert runtime == expected, f"{path.name}: task {task['task_key']} runs on {runtime}"
+        gpu = argv[0] in ("train", "bench", "evaluate", "score")
+        expected = {(False, False): CPU_RUNTIME, (False, True): GPU_RUNTIME,
+                    (True, False): TFDIST_CPU_RUNTIME, (True, True): TFDIST_GPU_RUNTIME}
+        assert runtime == expected[tfdist, gpu], \
+            f"{path.name}: task {task['task_key']} runs on {runtime}"
+        if tfdist:
+            assert argv[0] != "bench", f"{path.name}: bench needs Horovod"
+            if argv[0] in ("train", "pipeline"):
+                assert "train.engine=tensorflow" in argv, f"{path.name}: {task['task_key']}"
 
 
-def test_training_workflow_chains_prepare_train_evaluate_score():
+@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist"])
+def test_training_workflow_chains_prepare_train_evaluate_score(stem):
     for cloud in ("azure", "aws"):
-        job = json.loads((JOBS / f"training_workflow_{cloud}.json").read_text())
+        job = json.loads((JOBS / f"{stem}_{cloud}.json").read_text())
         chain = {t["task_key"]: [d["task_key"] for d in t.get("depends_on", [])]
                  for t in job["tasks"]}
         assert chain == {"prepare": [], "train": ["prepare"], "evaluate": ["train"],
