@@ -90,9 +90,11 @@ train_df.groupBy("label").count().orderBy("label").show()
 # MAGIC
 # MAGIC `train_distributed` writes the DataFrame as image shards once (reused by later calls
 # MAGIC on the same files), holds out `train.validation_fraction` of the rows for validation,
-# MAGIC starts `num_workers` Horovod workers (here Spark tasks, as on a cluster), logs the run
+# MAGIC starts `num_workers` workers (here Spark tasks, as on a cluster), logs the run
 # MAGIC to MLflow and returns a `TrainedModel`. Bad settings or data fail here, on the driver,
-# MAGIC before any worker starts.
+# MAGIC before any worker starts. `train.engine` (`engine=`) chooses the workers: `auto` takes
+# MAGIC Horovod where it imports and tf.distribute elsewhere (Runtime 16.0 ML and later ship no
+# MAGIC Horovod); `train.engine=tensorflow` in `overrides` asks for tf.distribute anywhere.
 
 # COMMAND ----------
 

@@ -31,6 +31,9 @@ JOBS = ROOT / "jobs"
 JOB_FILES = sorted(JOBS.glob("*.json"))
 GPU_RUNTIME = "15.4.x-gpu-ml-scala2.12"
 CPU_RUNTIME = "15.4.x-cpu-ml-scala2.12"
+# Runtime 16.4 LTS ML ships no Horovod: the tf.distribute jobs (train.engine=tensorflow) run there.
+TFDIST_GPU_RUNTIME = "16.4.x-gpu-ml-scala2.12"
+TFDIST_CPU_RUNTIME = "16.4.x-cpu-ml-scala2.12"
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +86,8 @@ def test_jobs_folder_holds_the_job_definitions():
     assert JOB_FILES, "jobs/ holds no job file"
     names = {p.name for p in JOB_FILES}
     for cloud in ("azure", "aws"):
-        assert {f"training_workflow_{cloud}.json", f"benchmark_gpu_{cloud}.json",
-                f"ensemble_cpu_{cloud}.json"} <= names
+        assert {f"training_workflow_{cloud}.json", f"training_tfdist_{cloud}.json",
+                f"benchmark_gpu_{cloud}.json", f"ensemble_cpu_{cloud}.json"} <= names
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
@@ -117,20 +120,30 @@ def test_job_file_runs_the_wheel_with_parameters_not_literal_paths(path):
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
-def test_clusters_run_the_last_ml_runtime_with_horovod(path):
+def test_clusters_run_the_ml_runtime_of_their_engine(path):
+    """15.4 LTS ML, the last with Horovod; 16.4 LTS ML for the tf.distribute
+    jobs, whose training tasks choose that engine explicitly."""
     job = json.loads(path.read_text())
+    tfdist = path.stem.startswith("training_tfdist_")
     clusters = {c["job_cluster_key"]: c["new_cluster"] for c in job["job_clusters"]}
     for task in job["tasks"]:
-        command = task["python_wheel_task"]["parameters"][0]
+        argv = task["python_wheel_task"]["parameters"]
         runtime = clusters[task["job_cluster_key"]]["spark_version"]
-        gpu = command in ("train", "bench", "evaluate", "score")
-        expected = GPU_RUNTIME if gpu else CPU_RUNTIME
-        assert runtime == expected, f"{path.name}: task {task['task_key']} runs on {runtime}"
+        gpu = argv[0] in ("train", "bench", "evaluate", "score")
+        expected = {(False, False): CPU_RUNTIME, (False, True): GPU_RUNTIME,
+                    (True, False): TFDIST_CPU_RUNTIME, (True, True): TFDIST_GPU_RUNTIME}
+        assert runtime == expected[tfdist, gpu], \
+            f"{path.name}: task {task['task_key']} runs on {runtime}"
+        if tfdist:
+            assert argv[0] != "bench", f"{path.name}: bench needs Horovod"
+            if argv[0] in ("train", "pipeline"):
+                assert "train.engine=tensorflow" in argv, f"{path.name}: {task['task_key']}"
 
 
-def test_training_workflow_chains_prepare_train_evaluate_score():
+@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist"])
+def test_training_workflow_chains_prepare_train_evaluate_score(stem):
     for cloud in ("azure", "aws"):
-        job = json.loads((JOBS / f"training_workflow_{cloud}.json").read_text())
+        job = json.loads((JOBS / f"{stem}_{cloud}.json").read_text())
         chain = {t["task_key"]: [d["task_key"] for d in t.get("depends_on", [])]
                  for t in job["tasks"]}
         assert chain == {"prepare": [], "train": ["prepare"], "evaluate": ["train"],
@@ -305,16 +318,24 @@ MISTAKES = [
      None, "spark_env_vars.SHARDS", "task parameters"),
     ("unknown-reference", lambda j: _train_args(j).extend(["--set", "data.output={{shards}}"]),
      "train", "python_wheel_task.parameters[", "unknown reference {{shards}}"),
-    ("runtime-without-horovod", lambda j: _cluster(j).__setitem__(
-        "spark_version", "16.4.x-gpu-ml-scala2.12"),
-     None, "new_cluster.spark_version", "does not ship Horovod"),
+    ("horovod-engine-on-runtime-without-horovod", lambda j: (
+        _cluster(j).__setitem__("spark_version", TFDIST_GPU_RUNTIME),
+        _train_args(j).extend(["--set", "train.engine=horovod"])),
+     None, "new_cluster.spark_version", "task 'train' runs `dist-dl train` with train.engine"),
+    ("bench-on-runtime-without-horovod", lambda j: (
+        _cluster(j).__setitem__("spark_version", TFDIST_GPU_RUNTIME),
+        _train_args(j).__setitem__(0, "bench")),
+     None, "new_cluster.spark_version", "task 'train' runs `dist-dl bench`"),
+    ("runtime-not-supported-yet", lambda j: _cluster(j).__setitem__(
+        "spark_version", "17.3.x-gpu-ml-scala2.12"),
+     None, "new_cluster.spark_version", "is not supported yet"),
     ("runtime-too-old",
      lambda j: _cluster(j).__setitem__("spark_version", "12.2.x-gpu-ml-scala2.12"),
      None, "new_cluster.spark_version", "older than 3.10"),
     ("not-ml-runtime", lambda j: _cluster(j).__setitem__("spark_version", "15.4.x-scala2.12"),
      None, "new_cluster.spark_version", "not a Databricks ML runtime"),
     ("cpu-runtime-for-training", lambda j: _cluster(j).__setitem__("spark_version", CPU_RUNTIME),
-     None, "new_cluster.spark_version", "tasks train start Horovod training"),
+     None, "new_cluster.spark_version", "tasks train run distributed training"),
     ("cpu-driver-on-gpu-runtime", lambda j: _cluster(j).__setitem__(
         "driver_node_type_id", "m5d.2xlarge"),
      None, "new_cluster.driver_node_type_id", "not a GPU instance type"),
@@ -335,6 +356,74 @@ def test_validation_catches(change, task, field, message):
     assert all(p.file == "bad.json" for p in problems)
     text = str(matching[0])
     assert text.startswith("bad.json: ") and (task is None or f"task {task!r}" in text)
+
+
+def _on_runtime(job: dict, runtime: str, *train_args: str) -> dict:
+    _cluster(job)["spark_version"] = runtime
+    _train_args(job).extend(train_args)
+    return job
+
+
+@pytest.mark.parametrize("engine", ["auto", "tensorflow"])
+def test_runtime_16_4_runs_training_without_horovod(engine):
+    for runtime in (TFDIST_GPU_RUNTIME, "16.0.x-gpu-ml-scala2.12", GPU_RUNTIME):
+        job = _on_runtime(small_job(), runtime, "--set", f"train.engine={engine}")
+        assert validate(job) == [], runtime
+    job = _on_runtime(small_job(), TFDIST_GPU_RUNTIME, "--set", f"train.engine={engine}")
+    _train_args(job)[0] = "pipeline"
+    assert validate(job) == []
+
+
+def _spark_version_problems(job: dict) -> list[str]:
+    return [p.message for p in validate(job) if p.field.endswith("spark_version")]
+
+
+def test_tasks_that_need_horovod_are_refused_on_16_x_naming_why_and_the_fix():
+    tf_fix = ('use \'15.4.x-gpu-ml-scala2.12\', or set train.engine to "tensorflow" or "auto" '
+              '(`--set train.engine=tensorflow`) to train with tf.distribute')
+    horovod = _on_runtime(small_job(), TFDIST_GPU_RUNTIME, "--set", "train.engine=horovod")
+    assert _spark_version_problems(horovod) == [
+        'task \'train\' runs `dist-dl train` with train.engine "horovod", and '
+        '\'16.4.x-gpu-ml-scala2.12\' has no Horovod (Databricks ML runtimes 16.0 and later ship '
+        'none): ' + tf_fix]
+    bench = _on_runtime(small_job(), "16.2.x-gpu-ml-scala2.12")
+    _train(bench)["python_wheel_task"]["parameters"] = ["bench", "--config",
+                                                        "synthetic_benchmark"]
+    assert _spark_version_problems(bench) == [
+        "task 'train' runs `dist-dl bench`, whose baseline setups start HorovodRunner, and "
+        "'16.2.x-gpu-ml-scala2.12' has no Horovod (Databricks ML runtimes 16.0 and later ship "
+        "none): use '15.4.x-gpu-ml-scala2.12'"]
+    # the same tasks on 15.4, which ships Horovod
+    assert validate(_on_runtime(small_job(), GPU_RUNTIME, "--set", "train.engine=horovod")) == []
+    assert _spark_version_problems(_on_runtime(bench, GPU_RUNTIME)) == []
+
+
+def test_the_engine_is_the_one_a_run_would_load():
+    """A job parameter's value as a run passes it, and an engine that cannot
+    be known (an undeclared parameter) counts as possibly Horovod."""
+    job = _on_runtime(small_job(), TFDIST_GPU_RUNTIME,
+                      "--set", "train.engine={{job.parameters.engine}}")
+    assert any("cannot be known from the job" in m and "may need Horovod" in m
+               for m in _spark_version_problems(job))
+    job["parameters"].append({"name": "engine", "default": "tensorflow"})
+    assert validate(job) == []
+    assert any('with train.engine "horovod"' in p.message
+               for p in validate(job, parameter_values={"engine": "horovod"}))
+    # a configuration that does not load still tells its engine where it can
+    _train_args(job)[-1] = "train.engine=tensorflow"
+    _train_args(job).extend(["--set", "train.epoch=3"])
+    assert _spark_version_problems(job) == []
+
+
+def test_runtimes_after_16_4_are_refused_naming_why_and_the_fix():
+    job = _on_runtime(small_job(), "17.3.x-cpu-ml-scala2.12")
+    _train_args(job)[0] = "evaluate"  # no training step: the runtime alone is refused
+    assert _spark_version_problems(job) == [
+        "'17.3.x-cpu-ml-scala2.12' is not supported yet: the wheel requires numpy<2 and MLflow<3 "
+        "(setup.py), which runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break, and no test "
+        "profile reproduces runtimes after 16.4 yet: use '16.4.x-cpu-ml-scala2.12' with the "
+        "tf.distribute engine (train.engine \"tensorflow\" or \"auto\"), or "
+        "'15.4.x-cpu-ml-scala2.12' with Horovod"]
 
 
 def test_a_notebook_task_under_notebooks_is_accepted():

@@ -16,7 +16,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from dist_dl.databricks.jobs.errors import JobFileError, Problem
 from dist_dl.databricks.jobs.walk import label, round_trip_losses, strings, task_and_field
@@ -40,14 +40,23 @@ ENTRY_POINT = "dist-dl"
 # `jobs validate`. An installed wheel has neither; the current folder's are used there.
 _CHECKOUT = Path(__file__).resolve().parents[4]
 
-# Databricks removed HorovodRunner (and Horovod) from the ML runtimes after
-# 15.4 LTS ML; 13.0 is the first with Python 3.10, the oldest the wheel supports.
-_MAX_RUNTIME = (15, 4)
+# The ML runtimes the wheel runs on: 13.0, the first with Python 3.10 (the
+# oldest the wheel supports), to 16.4 LTS ML. Databricks removed Horovod and
+# HorovodRunner after 15.4 LTS ML, so on 16.x only tasks that need no Horovod
+# run (train.engine "tensorflow" or "auto" trains with tf.distribute there).
+# After 16.4: runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break the wheel's
+# numpy<2 and mlflow<3 (setup.py), and no test profile reproduces 17.x yet.
 _MIN_RUNTIME = (13, 0)
+_LAST_HOROVOD_RUNTIME = (15, 4)
+_MAX_RUNTIME = (16, 4)
 _RUNTIME = re.compile(r"^(\d+)\.(\d+)\.x-(cpu|gpu)-ml-scala\d+\.\d+$")
-# Steps that start Horovod workers: their cluster must be a GPU ML runtime on
-# GPU machines (Databricks wants GPU types for the driver too).
+# Steps that start training workers (Horovod or tf.distribute): their cluster
+# must be a GPU ML runtime on GPU machines (Databricks wants GPU types for the
+# driver too).
 _GPU_COMMANDS = frozenset({"train", "bench", "search", "pipeline"})
+# Steps that train with train_distributed, and so with Horovod when the
+# configuration's train.engine is "horovod".
+_ENGINE_COMMANDS = frozenset({"train", "pipeline"})
 _GPU_NODE = re.compile(r"^(Standard_N|(g4dn|g5|g6|g6e|p3|p4d|p4de|p5|p5e|p5en)\.|(a2|a3|g2)-)")
 _TASK_TYPES = ("python_wheel_task", "notebook_task")
 
@@ -110,7 +119,16 @@ def _substitute(text: str, values: Mapping[str, str]) -> str:
     return _REFERENCE.sub(one, text)
 
 
-def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> str | None:
+class _Command(NamedTuple):
+    """A task's dist-dl step and its configuration's ``train.engine`` (None
+    where it cannot be known: the configuration does not load, or a reference
+    in the command line is left unresolved)."""
+
+    step: str | None
+    engine: str | None = None
+
+
+def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> _Command:
     """Parse a wheel task's parameters like the console script would and load
     its configuration; returns the command."""
     from dist_dl.config import PipelineConfig, load_config, parse_overrides
@@ -119,12 +137,12 @@ def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> st
     argv = [_substitute(a, config_values) if isinstance(a, str) else a for a in argv]
     if not all(isinstance(a, str) for a in argv):
         add(field, "must be a list of strings (the dist-dl command line)")
-        return None
+        return _Command(None)
     if argv and argv[0] not in STEPS:
         # Other commands (`configs`, `jobs`, a typo) are no job task's business.
         add(field, f"runs `dist-dl {argv[0]}`, which does not parse as a step: a job task runs "
                    f"one of the steps ({', '.join(STEPS)})")
-        return argv[0]
+        return _Command(argv[0])
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
@@ -133,14 +151,47 @@ def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> st
         lines = captured.getvalue().strip().splitlines()
         add(field, f"`dist-dl {' '.join(argv)}` does not parse: "
                    f"{lines[-1] if lines else 'argparse exited'}")
-        return None
+        return _Command(None)
     if any(_REFERENCE.search(a) for a in argv):
-        return args.command  # a reference left unresolved is reported where it is written
+        # a reference left unresolved is reported where it is written
+        return _Command(args.command, _known_engine(args))
     try:
-        load_config(PipelineConfig, args.config, parse_overrides(args.set))
+        config = load_config(PipelineConfig, args.config, parse_overrides(args.set))
     except Exception as exc:  # any configuration error, named by load_config
         add(field, f"the configuration does not load: {exc}")
-    return args.command
+        return _Command(args.command, _known_engine(args))
+    return _Command(args.command, config.train.engine)
+
+
+def _known_engine(args) -> str | None:
+    """``train.engine`` as far as a command line whose whole configuration
+    does not load tells it: its last ``--set train.engine=...`` on the named
+    configuration; None where that is unresolved too or does not load."""
+    from dist_dl.config import PipelineConfig, load_config, parse_overrides
+
+    engine = [s for s in args.set or [] if s.partition("=")[0].strip() == "train.engine"][-1:]
+    if any(_REFERENCE.search(s) for s in engine + [args.config or ""]):
+        return None
+    try:
+        return load_config(PipelineConfig, args.config, parse_overrides(engine)).train.engine
+    except Exception:  # the configuration's own error is reported already
+        return None
+
+
+def _horovod_need(command: _Command) -> tuple[str, str] | None:
+    """Why a task needs Horovod and what else than a runtime with Horovod
+    would do (None: it needs no Horovod)."""
+    if command.step == "bench":
+        return "runs `dist-dl bench`, whose baseline setups start HorovodRunner", ""
+    if command.step not in _ENGINE_COMMANDS or command.engine not in ("horovod", None):
+        return None
+    other = (', or set train.engine to "tensorflow" or "auto" (`--set train.engine=tensorflow`) '
+             'to train with tf.distribute')
+    if command.engine == "horovod":
+        return f'runs `dist-dl {command.step}` with train.engine "horovod"', other
+    return (f"runs `dist-dl {command.step}` with a train.engine that cannot be known from the "
+            f"job (a reference left unresolved, or a configuration that does not load: see its "
+            f"other problems), so it may need Horovod", other)
 
 
 def _looks_secret(text: str) -> str | None:
@@ -161,7 +212,11 @@ def _looks_secret(text: str) -> str | None:
     return None
 
 
-def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str], add) -> None:
+def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
+                   horovod_tasks: Mapping[str, tuple[str, str]], add) -> None:
+    """The cluster's runtime and node types, for the tasks that run on it:
+    ``gpu_tasks`` train, ``horovod_tasks`` (task -> why, what else would do;
+    see :func:`_horovod_need`) need Horovod."""
     if not isinstance(cluster, dict):
         add(path, "must be a cluster specification (an object)")
         return
@@ -169,22 +224,33 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str], add) -> None
     match = _RUNTIME.match(version) if isinstance(version, str) else None
     if match is None:
         add(path + ("spark_version",),
-            f"{version!r} is not a Databricks ML runtime; the jobs need one that ships Horovod, "
-            f"e.g. '15.4.x-gpu-ml-scala2.12' (or '15.4.x-cpu-ml-scala2.12' without GPUs)")
+            f"{version!r} is not a Databricks ML runtime, which the jobs need: e.g. "
+            f"'16.4.x-gpu-ml-scala2.12' (tf.distribute) or '15.4.x-gpu-ml-scala2.12' (Horovod), "
+            f"the -cpu- variant without GPUs")
         return
     release, kind = (int(match.group(1)), int(match.group(2))), match.group(3)
     if release > _MAX_RUNTIME:
         add(path + ("spark_version",),
-            f"{version!r} does not ship Horovod (Databricks removed HorovodRunner after 15.4 LTS "
-            f"ML): use '15.4.x-{kind}-ml-scala2.12'")
+            f"{version!r} is not supported yet: the wheel requires numpy<2 and MLflow<3 "
+            f"(setup.py), which runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break, and no test "
+            f"profile reproduces runtimes after 16.4 yet: use '16.4.x-{kind}-ml-scala2.12' with "
+            f"the tf.distribute engine (train.engine \"tensorflow\" or \"auto\"), or "
+            f"'15.4.x-{kind}-ml-scala2.12' with Horovod")
     elif release < _MIN_RUNTIME:
         add(path + ("spark_version",),
             f"{version!r} has Python older than 3.10, which the wheel needs: use "
-            f"'15.4.x-{kind}-ml-scala2.12'")
+            f"'15.4.x-{kind}-ml-scala2.12' (Horovod) or '16.4.x-{kind}-ml-scala2.12' "
+            f"(tf.distribute)")
+    elif release > _LAST_HOROVOD_RUNTIME:
+        for task, (why, other) in horovod_tasks.items():
+            add(path + ("spark_version",),
+                f"task {task!r} {why}, and {version!r} has no Horovod (Databricks ML runtimes "
+                f"16.0 and later ship none): use '15.4.x-{kind}-ml-scala2.12'{other}")
     if gpu_tasks and kind != "gpu":
         add(path + ("spark_version",),
-            f"tasks {', '.join(gpu_tasks)} start Horovod training, which needs a GPU ML runtime "
-            f"('15.4.x-gpu-ml-scala2.12') on GPU nodes, not {version!r}")
+            f"tasks {', '.join(gpu_tasks)} run distributed training, which needs a GPU ML "
+            f"runtime ('{release[0]}.{release[1]}.x-gpu-ml-scala2.12') on GPU nodes, not "
+            f"{version!r}")
     if kind == "gpu":
         for key in ("node_type_id", "driver_node_type_id"):
             node = cluster.get(key)
@@ -208,7 +274,9 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     ``parameter_values``), or a notebook under ``notebooks/``; tasks install
     the wheel on a job cluster; secrets appear only as ``{{secrets/...}}``
     references in ``spark_conf`` / ``spark_env_vars``; clusters run an ML
-    runtime that ships Horovod, a GPU one for Horovod steps.
+    runtime from 13.0 to 16.4, a GPU one for training steps, and one that
+    ships Horovod (15.4 or older) for the tasks that need it: ``bench``, and
+    ``train`` / ``pipeline`` with ``train.engine`` "horovod".
 
     Args:
         job: A job file's path, or the job as a dict.
@@ -260,18 +328,21 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     duplicates = {k for k in keys if keys.count(k) > 1}
     if duplicates:
         add(("tasks",), f"task keys {sorted(map(str, duplicates))} are used more than once")
-    gpu_tasks: dict[str, list[str]] = {}  # job cluster -> tasks that start Horovod on it
+    gpu_tasks: dict[str, list[str]] = {}  # job cluster -> tasks that train on it
+    horovod_tasks: dict[str, dict] = {}  # job cluster -> task -> why it needs Horovod
     for index, task in enumerate(tasks):
         where = ("tasks", label(task, index))
         if not isinstance(task, dict) or not isinstance(task.get("task_key"), str):
             add(where, "a task needs a task_key")
             continue
         command = _check_task(task, where, keys, clusters, values, base, add)
-        if command in _GPU_COMMANDS:
-            gpu_tasks.setdefault(task.get("job_cluster_key"), []).append(task["task_key"])
+        gpu = [task["task_key"]] if command.step in _GPU_COMMANDS else []
+        need = _horovod_need(command)
+        horovod = {task["task_key"]: need} if need else {}
+        gpu_tasks.setdefault(task.get("job_cluster_key"), []).extend(gpu)
+        horovod_tasks.setdefault(task.get("job_cluster_key"), {}).update(horovod)
         if "new_cluster" in task:
-            _check_cluster(task["new_cluster"], where + ("new_cluster",),
-                           [task["task_key"]] if command in _GPU_COMMANDS else [], add)
+            _check_cluster(task["new_cluster"], where + ("new_cluster",), gpu, horovod, add)
     _check_cycles(tasks, add)
 
     used_clusters = {t.get("job_cluster_key") for t in tasks if isinstance(t, dict)}
@@ -282,7 +353,8 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
             add(where, f"job cluster {cluster_key!r} is defined but no task uses it")
         if isinstance(entry, dict):
             _check_cluster(entry.get("new_cluster"), where + ("new_cluster",),
-                           gpu_tasks.get(cluster_key, []), add)
+                           gpu_tasks.get(cluster_key, []), horovod_tasks.get(cluster_key, {}),
+                           add)
     return problems
 
 
@@ -361,9 +433,9 @@ def _check_text(data: dict, declared: Mapping[str, str], add) -> set[str]:
 
 
 def _check_task(task: dict, where: tuple, keys: list, clusters: Mapping, values: Mapping,
-                base: Path, add) -> str | None:
+                base: Path, add) -> _Command:
     """Dependencies, compute and task type of one task; returns its dist-dl
-    command (None if it runs none)."""
+    command (its step None if it runs none)."""
     key = task["task_key"]
     for index, dep in enumerate(task.get("depends_on") or []):
         target = dep.get("task_key") if isinstance(dep, dict) else None
@@ -399,10 +471,10 @@ def _check_task(task: dict, where: tuple, keys: list, clusters: Mapping, values:
                 f"path under notebooks/, one of: {', '.join(known) or 'none found'}")
     if isinstance(task.get("python_wheel_task"), dict):
         return _check_wheel_task(task, where, values, add)
-    return None
+    return _Command(None)
 
 
-def _check_wheel_task(task: dict, where: tuple, values: Mapping, add) -> str | None:
+def _check_wheel_task(task: dict, where: tuple, values: Mapping, add) -> _Command:
     """This project's package and console script, a command line that parses
     and loads, and the wheel among the libraries."""
     wheel_task = task["python_wheel_task"]
