@@ -16,7 +16,10 @@ these levers as extra distributed setups, each against the same ceiling:
   groups1_cycle20: that with a 20 ms cycle);
 - pinned: each worker pinned to its own core;
 - spark: the workers as Spark tasks on local[2] (horovod.spark.run) instead
-  of processes.
+  of processes;
+- tfdist: engine="tensorflow" (tf.distribute's MultiWorkerMirroredStrategy
+  instead of Horovod), run beside TensorFlow's own multi-worker recipe
+  (tf_peer): engine against engine, each against its plain recipe.
 
 Every round also runs the peer (Horovod's own Keras recipe launched with
 ``horovod.spark.run`` on ``local[<workers>]``, or the active Spark session)
@@ -60,6 +63,7 @@ LEVERS = {
     "groups1_cycle20": {"allreduce_groups": 1, "cycle_time_ms": 20.0},
     "pinned": {"pin_cpus": True},
     "spark": {"backend": "spark"},
+    "tfdist": {"engine": "tensorflow"},
 }
 
 

@@ -33,7 +33,8 @@ def test_step_times_leave_out_the_warmup_steps():
 @pytest.mark.timeout(1500)  # 12 minutes measured at load average 12
 def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     """One tiny round of every setup, the peer (Horovod's recipe through
-    horovod.spark.run) and the reader alone included, into a results file."""
+    horovod.spark.run), the reader alone and the tf.distribute engine with
+    its own peer (TensorFlow's recipe) included, into a results file."""
     lines = []
     results = tmp_path / "bench" / "results.json"
     results.parent.mkdir()
@@ -42,12 +43,13 @@ def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     report = run_benchmark(BenchConfig(model="small_cnn", image_size=16, steps=3, warmup_steps=1,
                                        rounds=1, output=str(tmp_path / "bench.json"),
                                        results=str(results)),
-                           spark=spark, variants={"fp16": {"fp16_allreduce": True}},
+                           spark=spark, variants={"fp16": {"fp16_allreduce": True},
+                                                  "tfdist": {"engine": "tensorflow"}},
                            out=lines.append, log_to_mlflow=True,
                            tracking_uri=(tmp_path / "mlruns").as_uri(), command="the test")
     setups = report["setups"]
     assert set(setups) == {"plain_1", "dist_1", "ceiling", "dist", "peer", "reader_alone",
-                           "fp16"}
+                           "fp16", "tfdist", "tf_peer"}
     assert all(v["images_per_second"][0] > 0 for v in setups.values())
 
     def rate(name):
@@ -57,19 +59,23 @@ def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     assert report["ratios"]["overhead"] == [rate("dist_1") / rate("plain_1")]
     assert report["ratios"]["scaling_vs_peer"] == [rate("dist") / rate("peer")]
     assert report["ratios"]["input_headroom"] == [rate("reader_alone") / (rate("dist") / 2)]
+    assert report["ratios"]["tfdist_vs_tf_peer"] == [rate("tfdist") / rate("tf_peer")]
+    assert report["ratios"]["tfdist_vs_dist"] == [rate("tfdist") / rate("dist")]
     assert setups["peer"]["devices"] == 2 and setups["reader_alone"]["devices"] == 1
     # The peer ran Horovod on both Spark tasks.
     assert report["horovod"]["size"] == 2
     assert all(len(v["threads"]) == 1 for v in setups.values())
     assert any("dist / ceiling: median" in line for line in lines)
     assert any("dist / peer: median" in line for line in lines)
+    assert any("tfdist / tf_peer: median" in line for line in lines)
     assert any(line.startswith("dist: Img/sec per device:") for line in lines)
     assert any(line.startswith("input: ") for line in lines)
     assert (tmp_path / "bench.json").exists()
 
     written = json.loads(results.read_text())
     for key in ("overhead", "scaling", "scaling_vs_peer", "input_headroom",
-                "images_per_second.peer"):
+                "images_per_second.peer", "scaling_vs_tf_peer", "tf_engine_vs_horovod",
+                "images_per_second.tf_peer"):
         assert written[key]["command"] == "the test" and written[key]["rounds"]
     assert written["scaling_vs_peer"]["value"] == report["ratios"]["scaling_vs_peer"][0]
     assert written["reader_ratio"]["command"] == "earlier run"  # another benchmark's key: kept

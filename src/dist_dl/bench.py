@@ -23,7 +23,17 @@ through the same reader, and times the same training steps (after
 - ``reader_alone``: the same reader on one worker's shard, nothing else
   (``cfg.reader_check``): ``reader_alone / (dist / workers)`` says whether
   reading and decoding keep up with training (:func:`input_verdict`);
-- any ``variants``: ``dist`` with some settings changed (the levers).
+- any ``variants``: ``dist`` with some settings changed (the levers);
+- ``tf_peer``, when a variant trains with ``engine="tensorflow"``
+  (tf.distribute's MultiWorkerMirroredStrategy): TensorFlow's own
+  multi-worker Keras recipe (strategy first, model and optimizer compiled
+  under ``strategy.scope()``, the learning rate scaled by the number of
+  workers, each worker's batches through
+  ``distribute_datasets_from_function``) on the same shards, launched as
+  local processes with ``TF_CONFIG`` set (``TFDistributeRunner(np=-workers)``:
+  the recipe has no launcher of its own). ``<variant> / tf_peer`` is that
+  engine against its plain recipe, and ``<variant> / dist`` engine against
+  engine.
 
 The setups run interleaved, in a rotated order each round, and the report
 gives medians and ranges of the per-round ratios: on a shared machine the
@@ -249,7 +259,9 @@ class StepRecorder:
                 self.times.record()
 
             def on_train_end(self, logs=None):
-                rank = int(os.environ.get("HOROVOD_RANK", "0"))
+                from dist_dl.launch.device import process_rank
+
+                rank = process_rank()  # Horovod's, or the index in TF_CONFIG
                 with open(f"{prefix}-rank{rank}.json", "w") as f:
                     json.dump(self.times.to_dict(), f)
 
@@ -355,6 +367,30 @@ def _peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecord
             "size": hvd.size()}
 
 
+def _tf_peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecorder) -> None:
+    """The tf.distribute peer: TensorFlow's multi-worker Keras recipe, in
+    each worker ``TFDistributeRunner`` started (its ``TF_CONFIG`` set). Only
+    the model, the shards, the batch and the threads are the library's."""
+    import tensorflow as tf
+
+    from dist_dl.launch.tfdist import multi_worker_strategy
+
+    # The recipe: the strategy first (its collectives: RING on CPU, NCCL on GPUs).
+    strategy = multi_worker_strategy()
+    rank = strategy.cluster_resolver.task_id
+    size = strategy.num_replicas_in_sync
+    keras = compat.keras()
+    keras.utils.set_random_seed(config.seed + rank)
+    gpus = tf.config.list_physical_devices("GPU")
+    # The recipe: model and optimizer under the scope, the rate scaled by workers.
+    with strategy.scope():
+        model = _compiled(tf, config, config.learning_rate * size, gpus)
+    data = strategy.distribute_datasets_from_function(
+        lambda context: _batches(files, config, context.input_pipeline_id,
+                                 context.num_input_pipelines))
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=recorder(), verbose=0)
+
+
 def _reader_rate(files: list, config: TrainConfig, size: int, warmup: int, batches: int):
     """Images/s and CPU s per wall s of shard 0 of ``size`` read, decoded
     and batched as a training worker does, with no model: the input
@@ -427,7 +463,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         also written to ``cfg.output`` as JSON when set, and its headline
         ratios merged into ``cfg.results`` (:func:`publish_results`).
     """
-    from dist_dl.launch import HorovodRunner
+    from dist_dl.launch import HorovodRunner, TFDistributeRunner
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.read.resolve import resolve_files
     from dist_dl.train import train_distributed
@@ -499,6 +535,16 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
                             cfg.warmup_steps, True) + (sampler, cfg.workers)
 
+        def tf_peer():
+            prefix = os.path.join(scratch, f"t{next(counter)}")
+            with CpuSampler() as sampler:
+                TFDistributeRunner(np=-cfg.workers, threads_per_worker=worker_threads,
+                                   driver_log_verbosity="log_callback_only").run(
+                    _tf_peer_fit, files=files, config=scaled, steps=steps,
+                    recorder=StepRecorder(prefix))
+            return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
+                            cfg.warmup_steps, True) + (sampler, cfg.workers)
+
         def reader_alone():
             rate, cpu = HorovodRunner(np=-1, threads_per_worker=worker_threads).run(
                 _reader_rate, files=files, config=scaled, size=cfg.workers,
@@ -523,6 +569,8 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         for name, changes in variants.items():
             setups[name] = distributed(dataclasses.replace(scaled, **changes))
             devices[name] = cfg.workers
+        if any(changes.get("engine") == "tensorflow" for changes in variants.values()):
+            setups["tf_peer"], devices["tf_peer"] = tf_peer, cfg.workers
         results = {name: {"images_per_second": [], "cpu_per_second": [], "threads": [],
                           "devices": devices[name]} for name in setups}
         names = list(setups)
@@ -577,6 +625,9 @@ def _report(results: dict, variants: dict, cfg: BenchConfig) -> dict:
         ratios["input_headroom"] = per_round("reader_alone", "dist", per=cfg.workers)
     for name in variants:
         ratios[name] = per_round(name, "ceiling")
+        if variants[name].get("engine") == "tensorflow":
+            ratios[f"{name}_vs_tf_peer"] = per_round(name, "tf_peer")
+            ratios[f"{name}_vs_dist"] = per_round(name, "dist")
     summary = {name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                for name, v in ratios.items()}
     return {"setups": results, "ratios": ratios, "summary": summary,
@@ -604,6 +655,10 @@ def _table(report: dict) -> list[str]:
     labels = {"overhead": "dist_1 / plain_1", "scaling": "dist / ceiling",
               "scaling_vs_peer": "dist / peer",
               "input_headroom": "reader alone / per worker"}
+    for name, changes in report["variants"].items():
+        if changes.get("engine") == "tensorflow":
+            labels.update({f"{name}_vs_tf_peer": f"{name} / tf_peer",
+                           f"{name}_vs_dist": f"{name} / dist"})
     for name, s in report["summary"].items():
         goal = GOALS.get(name)
         lines.append(f"{labels.get(name, name + ' / ceiling'):>25s}: median {s['median']:.3f} "
@@ -731,6 +786,15 @@ def _entries(report: dict, command: str | None) -> dict:
         if name in report["ratios"]:
             entries[name] = result_entry(report["ratios"][name], command=command,
                                          goal=GOALS[name])
+    # The tf.distribute engine against its plain recipe (goal as Horovod's
+    # against its peer) and against the Horovod engine.
+    for name, changes in report["variants"].items():
+        if changes.get("engine") == "tensorflow":
+            entries["scaling_vs_tf_peer"] = result_entry(
+                report["ratios"][f"{name}_vs_tf_peer"], command=command,
+                goal=GOALS["scaling_vs_peer"])
+            entries["tf_engine_vs_horovod"] = result_entry(report["ratios"][f"{name}_vs_dist"],
+                                                           command=command)
     if report.get("input"):
         entries["input_headroom"]["note"] = report["input"]["message"]
     for name, values in report["setups"].items():
