@@ -266,6 +266,27 @@ def test_arrow_row_group_order_is_seeded_per_epoch(tree_shards):
     assert sorted(map(tuple, order(7, 0))) == sorted(map(tuple, plan_order))
 
 
+@pytest.mark.timeout(120)
+def test_a_resumed_arrow_reader_continues_the_row_group_orders(tree_shards):
+    # A run resumed after epoch 1 reads epoch 2 in the order an uninterrupted
+    # run would (the shuffle buffer of 1 row keeps the row-group order visible).
+    url, _ = tree_shards
+    config = ReaderConfig(image_size=16, reader="arrow", shuffle_buffer=1)
+
+    def epochs(initial_epoch, num_epochs):
+        ds = make_dataset(url, 0, 2, 2, training=True, config=config, seed=7,
+                          num_epochs=num_epochs, include_source_id=True,
+                          initial_epoch=initial_epoch, steps_per_epoch=2)
+        ids = [features["source_id"].numpy().tolist() for features, _ in ds]
+        return [sum(ids[i:i + 2], []) for i in range(0, len(ids), 2)]
+
+    uninterrupted = epochs(0, 2)
+    assert uninterrupted[0] != uninterrupted[1]  # a new order each epoch
+    assert epochs(1, 1) == [uninterrupted[1]]
+    with pytest.raises(ValueError, match="initial_epoch must be an int >= 0"):
+        make_dataset(url, 0, 2, 2, config=config, initial_epoch=-1)
+
+
 # Put first on a child's PYTHONPATH, this makes Petastorm unimportable in it
 # and in every process it starts (the training workers too), as on Databricks
 # 16.4 and 17.3 LTS ML.

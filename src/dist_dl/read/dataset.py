@@ -30,7 +30,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
                  num_epochs: int | None = None, version: int | None = None,
                  seed: int | None = None, cache_dir: str | None = None,
                  with_weights: bool = False, include_source_id: bool = False,
-                 shuffle: bool | None = None):
+                 shuffle: bool | None = None, initial_epoch: int = 0):
     """Batches of shard ``rank`` of ``size``, decoded and augmented.
 
     Each rank reads whole row groups, row group ``i`` (numbered as
@@ -68,6 +68,11 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         seed: Seed of the shuffle buffer; with the arrow reader also of the
             row-group order (drawn afresh each epoch, from ``(seed, epoch)``).
             Petastorm's row-group order is not seeded.
+        initial_epoch: The epoch the first one yielded is (a resumed run's
+            ``initial_epoch``): the arrow reader's row-group orders continue
+            from there as in an uninterrupted run, and the shuffle buffer's
+            seed moves on, so a resumed run does not repeat its first
+            epoch's order.
         cache_dir: If set, the rows of this rank's first epoch (encoded
             bytes, before augmentation) are cached in a file under this local
             folder and later epochs read them from there instead of from
@@ -103,6 +108,8 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
         raise ValueError(f"num_epochs must be None or a positive int, got {num_epochs!r}")
+    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
+        raise ValueError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
     if not isinstance(config, ReaderConfig):
         raise ValueError(f"config must be a ReaderConfig, got {type(config).__name__}")
     files = list(url) if isinstance(url, (list, tuple)) else resolve_files(url, version)
@@ -111,7 +118,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
     elif not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}")
     target = steps_per_epoch * batch_size
-    epochs = itertools.count()
+    epochs = itertools.count(initial_epoch)
     shuffle = training if shuffle is None else bool(shuffle)
     if choose_reader(config.reader) == "arrow":
         import numpy as np
@@ -144,7 +151,9 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         rows = rows.cache(os.path.join(cache_dir, f"dist_dl-rank{rank}-of{size}-{key}"))
     rows = rows.repeat(num_epochs)
     if shuffle:
-        rows = rows.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        rows = rows.shuffle(config.shuffle_buffer,
+                            seed=None if seed is None else seed + initial_epoch,
+                            reshuffle_each_iteration=True)
     transform = train_transform if training else eval_transform
 
     def parse(jpeg, label, weight, source_id):

@@ -120,7 +120,6 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     size = hvd.size()
 
     reader = _reader_config(cfg)
-    train_data = _train_data(spec, reader, rank, size)
     schedule = _schedule(cfg, size, spec.train_steps)
     optimizer = hvd.DistributedOptimizer(
         keras.optimizers.SGD(schedule, momentum=cfg.momentum),
@@ -142,6 +141,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
                f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
                f"{'mixed' if mixed else 'float32'} precision)")
+    train_data = _train_data(spec, reader, rank, size, initial_epoch)
 
     # Order matters: every rank runs the collective callbacks in the same
     # order (an allreduce each), before the rank-0-only ones read the logs.
@@ -168,15 +168,16 @@ def _reader_config(cfg: TrainConfig):
                         reader=cfg.reader)
 
 
-def _train_data(spec: WorkerSpec, reader, rank: int, size: int):
-    """This rank's training batches: ``batch_size`` rows, ``reader_steps`` per pass."""
+def _train_data(spec: WorkerSpec, reader, rank: int, size: int, initial_epoch: int):
+    """This rank's training batches: ``batch_size`` rows, ``reader_steps`` per
+    pass, the orders continuing after ``initial_epoch`` epochs."""
     from dist_dl.read import make_dataset
 
     cfg = spec.config
     return make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
                         training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                         steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
-                        cache_dir=cfg.cache_dir, with_weights=True)
+                        cache_dir=cfg.cache_dir, with_weights=True, initial_epoch=initial_epoch)
 
 
 def _val_data(spec: WorkerSpec, reader, rank: int, size: int):

@@ -70,10 +70,6 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     keras.utils.set_random_seed(cfg.seed + rank)
 
     reader = _reader_config(cfg)
-    # Each worker's own shard, batch_size rows per step: the function is
-    # called once on this worker (one input pipeline, one replica).
-    train_data = strategy.distribute_datasets_from_function(
-        lambda _: _train_data(spec, reader, rank, size))
     schedule = _schedule(cfg, size, spec.train_steps)
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
@@ -92,6 +88,10 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
                f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
                f"{'mixed' if mixed else 'float32'} precision)")
+    # Each worker's own shard, batch_size rows per step: the function is
+    # called once on this worker (one input pipeline, one replica).
+    train_data = strategy.distribute_datasets_from_function(
+        lambda _: _train_data(spec, reader, rank, size, initial_epoch))
 
     # Every worker runs the collective callbacks in the same order.
     callbacks = []
