@@ -80,7 +80,12 @@ def tf_config(workers: list[str], index: int) -> str:
 def worker_env(base: dict, workers: list[str], index: int) -> dict:
     # Keras 2 (tf-keras) as tf.keras where Keras 3 is the default and tf-keras
     # is installed, unless the environment chose: Keras 3's fit under this
-    # strategy does not sum the workers' gradients (keras-team/keras#19891).
+    # strategy does not sum the workers' gradients (keras-team/keras#19891;
+    # TF 2.16.1, Keras 3.2.1), and with Keras 3.5.0 on TF 2.17.0 (runtime
+    # 16.4 LTS ML) it fails outright: "Attempt to convert a value (PerReplica
+    # ...)" for a tf.data.Dataset, "Unrecognized data type" for the dataset
+    # distribute_datasets_from_function returns (keras-team/keras#20585,
+    # tensorflow#72388). With tf-keras 2.17 both train as one process does.
     env = {k: v for k, v in {**compat.worker_env(), **base}.items() if k not in _FOREIGN_PLACE}
     env["TF_CONFIG"] = tf_config(workers, index)
     return env
