@@ -72,6 +72,7 @@ def test_the_driver_keeps_its_signal_handlers_after_a_job_on_spark(spark, engine
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_allreduce_standalone_cluster(cluster_spark):
@@ -79,6 +80,7 @@ def test_allreduce_standalone_cluster(cluster_spark):
     _check_allreduce(HorovodRunner(np=2, spark=cluster_spark).run(workers.allreduce_known))
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_weights_identical_on_all_ranks_after_training():
     per_rank = HorovodRunner(np=-2).run(workers.train_steps, steps=3)
@@ -289,6 +291,7 @@ def test_engine_choice():
         select_backend(-2, engine="mpi")
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_threads_env_and_pinning():
     runner = HorovodRunner(np=-2, threads_per_worker=1, pin_cpus=True, env={"DIST_DL_EXTRA": "x"})
@@ -299,6 +302,7 @@ def test_threads_env_and_pinning():
         assert cpus == [sorted(os.sched_getaffinity(0))[0]] or len(cpus) == 1
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path):
     # A local worker leaves without Python's final teardown (where a tf.data
@@ -310,6 +314,7 @@ def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
         spark, tmp_path):
@@ -323,6 +328,7 @@ def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     if visible_gpus():
@@ -340,6 +346,7 @@ def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     assert env["HOROVOD_CYCLE_TIME"] == "7.5" and env["DIST_DL_DEFAULT_CYCLE_TIME"] is None
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(180)
 def test_idle_worker_does_not_spin(monkeypatch):
     """Horovod's own function launcher hands workers HOROVOD_CYCLE_TIME="(None,)";
