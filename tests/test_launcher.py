@@ -291,6 +291,16 @@ def test_engine_choice():
         select_backend(-2, engine="mpi")
 
 
+def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
+    """Where Horovod is not installed (Databricks Runtime 16.0 ML and later),
+    a Horovod job says so and names TFDistributeRunner before any worker starts."""
+    monkeypatch.setitem(sys.modules, "horovod", None)  # find_spec: not installed
+    for num_proc in (-2, 2):
+        with pytest.raises(ImportError, match="TFDistributeRunner"):
+            select_backend(num_proc, engine="horovod")
+    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
+
+
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_threads_env_and_pinning():
