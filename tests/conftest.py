@@ -70,6 +70,7 @@ PROFILE_SUBSET_164_SLOW = frozenset({
     "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
     "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
     "tests/test_launcher.py::test_timeout_spark[tensorflow]",
+    "tests/test_search.py::test_grid_search_limits_concurrency_fails_and_stops_trials",
     "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
 })
 
