@@ -18,10 +18,6 @@ GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod wa
 AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
               assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
-# What `make demo` runs: the main job, or where it cannot run, the search job.
-MAIN_JOB    = $(PY) -m dist_dl.cli pipeline --config demo
-SEARCH_JOB  = $(PY) -m dist_dl.cli prepare-data --config demo && \
-              $(PY) -m dist_dl.cli search --config demo --set search.max_trials=2 --set search.epochs=2
 ifeq ($(PROFILE),)
 VENV        := .venv
 CONSTRAINTS := constraints.txt
@@ -31,7 +27,6 @@ EXTRAS      := local,petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu
 NO_DEPS     :=
 CHECK       := $(GLOO_CHECK)
-DEMO        = $(MAIN_JOB)
 else ifeq ($(PROFILE),dbr-15.4-ml)
 VENV        := .venv-dbr-15.4-ml
 CONSTRAINTS := constraints/dbr-15.4-ml.txt
@@ -43,7 +38,6 @@ BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
 CHECK       := $(GLOO_CHECK)
-DEMO        = $(MAIN_JOB)
 else ifeq ($(PROFILE),dbr-16.4-ml)
 VENV        := .venv-dbr-16.4-ml
 CONSTRAINTS := constraints/dbr-16.4-ml.txt
@@ -55,11 +49,6 @@ BUILD_FIRST := tensorflow-cpu keras pyspark
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
 CHECK       := $(AUTO_CHECK)
-# The main job's training (train_distributed) runs Horovod workers, and its
-# tf.distribute counterpart is not written yet: the demo here writes the same
-# shards and runs the hyperparameter search on them (single-process trials in
-# Spark tasks, Keras 2 from tf-keras, logged to MLflow under runs/).
-DEMO        = $(SEARCH_JOB)
 else
 $(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml or dbr-16.4-ml)
 endif
@@ -95,7 +84,7 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(DEMO)
+	$(PY) -m dist_dl.cli pipeline --config demo
 
 test: $(STAMP) hosts-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
