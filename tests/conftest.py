@@ -51,15 +51,15 @@ PROFILE_SUBSET_SLOW = frozenset({
 # Horovod, no Petastorm), as marker `profile_subset_164`: of the modules where
 # the code meets the versions that profile changes (TensorFlow 2.17, Keras 3
 # beside tf-keras, pyarrow 15, pandas 1.5, MLflow 2.21, databricks-sdk 0.30) and
-# can run without Horovod (the launcher's tf.distribute engine, the arrow
-# reader, prepare, tracking, scoring, ensembles, search, checkpoints, the
-# drop-in's Keras switches, jobs, configuration, optional imports), every test
-# not marked slow, and the slow ones below. Tests of these modules that need
-# Horovod or Petastorm are selected too and skip there, saying why (`needs`).
-# test_train.py is left out: train_distributed's workers are Horovod's, and the
-# module is being changed elsewhere.
+# can run without Horovod (the launcher's and train_distributed's tf.distribute
+# engine, the arrow reader, prepare, tracking, scoring, ensembles, search,
+# checkpoints, the drop-in's Keras switches, jobs, configuration, optional
+# imports), every test not marked slow, and the slow ones below (among them
+# train_distributed on two Spark tasks with its MLflow model, and resume, on
+# tf.distribute). Tests of these modules that need Horovod or Petastorm are
+# selected too and skip there, saying why (`needs`).
 PROFILE_SUBSET_164 = frozenset({
-    "test_launcher", "test_read", "test_prepare", "test_tracking", "test_scoring",
+    "test_launcher", "test_train", "test_read", "test_prepare", "test_tracking", "test_scoring",
     "test_ensemble", "test_search", "test_optional", "test_config", "test_settings", "test_lazy",
     "test_schedule", "test_checkpoint", "test_dropin", "test_jobs", "test_integrity",
     "test_registry_lookup", "test_model_parallel", "test_locations", "test_markers",
@@ -72,6 +72,8 @@ PROFILE_SUBSET_164_SLOW = frozenset({
     "tests/test_launcher.py::test_timeout_spark[tensorflow]",
     "tests/test_search.py::test_grid_search_limits_concurrency_fails_and_stops_trials",
     "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
+    "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[tensorflow]",
+    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[tensorflow]",
 })
 
 # Tests over 10 s in the full run of 23 Nov 2026 (`--durations=0`, part of it
@@ -114,21 +116,15 @@ SLOW_BY_DURATION = frozenset({
 # Runtime 16.0 ML and later ship neither (profile dbr-16.4-ml), and the library
 # then trains with tf.distribute and reads with pyarrow. The cases of tests
 # parametrized by `engine` or `reader` get the marker from their parameter;
-# those of test_train.py that start train_distributed's workers (Horovod's)
-# are named here (that module is being changed elsewhere; its other tests
-# check the driver side and run without Horovod).
+# tests/test_train.py's Horovod-only test is named here (that module is being
+# changed elsewhere).
 NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
                   ("reader", "petastorm"): "petastorm"}
-NEEDS_BY_NODEID = {f"tests/test_train.py::{name}": "horovod.tensorflow" for name in (
-    "test_two_workers_at_half_batch_take_the_same_steps_as_one_worker",
-    "test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model",
-    "test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one",
-    "test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again",
-    "test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint",
-    "test_the_model_is_registered_in_the_drivers_registry",
-    "test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model",
-    "test_cpu_workers_of_a_large_model_get_the_long_cycle_time",
-)}
+NEEDS_BY_NODEID = {
+    # Horovod's cycle time for a large model: a setting of Horovod's allreduce.
+    "tests/test_train.py::test_cpu_workers_of_a_large_model_get_the_long_cycle_time":
+        "horovod.tensorflow",
+}
 
 
 @functools.lru_cache(maxsize=None)
