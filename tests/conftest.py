@@ -76,6 +76,7 @@ PROFILE_SUBSET_164_SLOW = frozenset({
     "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[tensorflow]",
 })
 
+
 # Tests over 10 s in the full run of 23 Nov 2026 (`--durations=0`, part of it
 # at load 7) that carry no @pytest.mark.slow of their own: also `slow`, so that
 # `make test-fast` stays a few minutes. The separate-hosts tests are slow too.
