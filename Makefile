@@ -5,10 +5,19 @@
 #   make test-fast   the same without the tests marked slow (over a minute each)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 # PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
-# (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml.
+# (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml; PROFILE=dbr-16.4-ml with
+# Databricks Runtime 16.4 LTS ML's (constraints/dbr-16.4-ml.txt: no Horovod, no
+# Petastorm) in .venv-dbr-16.4-ml.
 
 PYTHON  ?= python3
 PROFILE ?=
+# What the install checks last: Horovod built with Gloo where a profile has it;
+# where it has neither Horovod nor Petastorm, that the library picks tf.distribute
+# and the pyarrow reader by itself (engine and reader "auto").
+GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'
+AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
+              found = (auto_engine(), choose_reader('auto')); \
+              assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
 ifeq ($(PROFILE),)
 VENV        := .venv
 CONSTRAINTS := constraints.txt
@@ -17,6 +26,7 @@ HOROVOD     := 'horovod[spark]'
 EXTRAS      := local,petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu
 NO_DEPS     :=
+CHECK       := $(GLOO_CHECK)
 else ifeq ($(PROFILE),dbr-15.4-ml)
 VENV        := .venv-dbr-15.4-ml
 CONSTRAINTS := constraints/dbr-15.4-ml.txt
@@ -27,8 +37,20 @@ EXTRAS      := petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
+CHECK       := $(GLOO_CHECK)
+else ifeq ($(PROFILE),dbr-16.4-ml)
+VENV        := .venv-dbr-16.4-ml
+CONSTRAINTS := constraints/dbr-16.4-ml.txt
+# The runtime has neither Horovod nor Petastorm: nothing is built from source,
+# and the library picks tf.distribute and the pyarrow reader by itself.
+HOROVOD     :=
+EXTRAS      := delta,samples,dev
+BUILD_FIRST := tensorflow-cpu keras pyspark
+# tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
+NO_DEPS     := tf-keras
+CHECK       := $(AUTO_CHECK)
 else
-$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml)
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml or dbr-16.4-ml)
 endif
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -50,15 +72,15 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
-	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) cmake setuptools
+	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
 	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
 	# The build log says which cmake ran (the line starting "cmake version").
-	$(HOROVOD_FLAGS) sh -c 'command -v cmake && cmake --version | head -1'
+	$(if $(HOROVOD),$(HOROVOD_FLAGS) sh -c 'command -v cmake && cmake --version | head -1')
 	# --no-cache-dir: pip's wheel cache is shared by every environment of the machine
 	# and knows nothing of the TensorFlow a cached Horovod was built against.
-	$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD)
+	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
 	$(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'"
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,6 +1,7 @@
 """Shared fixtures: a hermetic local Spark, a real standalone cluster on loopback."""
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -46,6 +47,36 @@ PROFILE_SUBSET_SLOW = frozenset({
 })
 
 
+# What CI runs on the dbr-16.4-ml profile (Databricks Runtime 16.4 LTS ML: no
+# Horovod, no Petastorm), as marker `profile_subset_164`: of the modules where
+# the code meets the versions that profile changes (TensorFlow 2.17, Keras 3
+# beside tf-keras, pyarrow 15, pandas 1.5, MLflow 2.21, databricks-sdk 0.30) and
+# can run without Horovod (the launcher's and train_distributed's tf.distribute
+# engine, the arrow reader, prepare, tracking, scoring, ensembles, search,
+# checkpoints, the drop-in's Keras switches, jobs, configuration, optional
+# imports), every test not marked slow, and the slow ones below (among them
+# train_distributed on two Spark tasks with its MLflow model, and resume, on
+# tf.distribute). Tests of these modules that need Horovod or Petastorm are
+# selected too and skip there, saying why (`needs`).
+PROFILE_SUBSET_164 = frozenset({
+    "test_launcher", "test_train", "test_read", "test_prepare", "test_tracking", "test_scoring",
+    "test_ensemble", "test_search", "test_optional", "test_config", "test_settings", "test_lazy",
+    "test_schedule", "test_checkpoint", "test_dropin", "test_jobs", "test_integrity",
+    "test_registry_lookup", "test_model_parallel", "test_locations", "test_markers",
+})
+PROFILE_SUBSET_164_SLOW = frozenset({
+    "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
+    "tests/test_ensemble.py::test_keras_members_averaged",
+    "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
+    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
+    "tests/test_launcher.py::test_timeout_spark[tensorflow]",
+    "tests/test_search.py::test_grid_search_limits_concurrency_fails_and_stops_trials",
+    "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
+    "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[tensorflow]",
+    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[tensorflow]",
+})
+
+
 # Tests over 10 s in the full run of 23 Nov 2026 (`--durations=0`, part of it
 # at load 7) that carry no @pytest.mark.slow of their own: also `slow`, so that
 # `make test-fast` stays a few minutes. The separate-hosts tests are slow too.
@@ -80,15 +111,72 @@ SLOW_BY_DURATION = frozenset({
 })
 
 
+# Tests that need a module the library treats as optional (Horovod, Petastorm)
+# carry `@pytest.mark.needs("horovod.tensorflow")` or `needs("petastorm")`, and
+# are skipped, saying why, where that module does not import: Databricks
+# Runtime 16.0 ML and later ship neither (profile dbr-16.4-ml), and the library
+# then trains with tf.distribute and reads with pyarrow. The cases of tests
+# parametrized by `engine` or `reader` get the marker from their parameter;
+# tests/test_train.py's Horovod-only test is named here (that module is being
+# changed elsewhere).
+NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
+                  ("reader", "petastorm"): "petastorm"}
+NEEDS_BY_NODEID = {
+    # Horovod's cycle time for a large model: a setting of Horovod's allreduce.
+    "tests/test_train.py::test_cpu_workers_of_a_large_model_get_the_long_cycle_time":
+        "horovod.tensorflow",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _import_failure(module: str) -> str | None:
+    """Why ``module`` does not import in this environment's Python, or None.
+    Tried in a child process, so that the test process imports nothing it
+    would not have (Horovod's import loads TensorFlow and its own library)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                              text=True, timeout=120,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    except subprocess.TimeoutExpired:
+        return None  # slow (a loaded machine), not missing: the test runs and says more
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers("needs"):
+        module = marker.args[0]
+        failure = _import_failure(module)
+        if failure is not None:
+            pytest.skip(f"needs {module}, which does not import here ({failure}); Databricks "
+                        "Runtime 16.0 ML and later ship no Horovod and no Petastorm")
+
+
+def _needs(item) -> list[str]:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    needed = [module for (name, value), module in NEEDS_BY_PARAM.items()
+              if params.get(name) == value]
+    if item.nodeid in NEEDS_BY_NODEID:
+        needed.append(NEEDS_BY_NODEID[item.nodeid])
+    return needed
+
+
 # tryfirst: the marker must be on the items before `-m` selects them.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        for module in _needs(item):
+            item.add_marker(pytest.mark.needs(module))
         if item.nodeid in SLOW_BY_DURATION or item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)
         if item.path.stem in PROFILE_SUBSET and (
                 item.get_closest_marker("slow") is None or item.nodeid in PROFILE_SUBSET_SLOW):
             item.add_marker(pytest.mark.profile_subset)
+        if item.path.stem in PROFILE_SUBSET_164 and (
+                item.get_closest_marker("slow") is None or item.nodeid in PROFILE_SUBSET_164_SLOW):
+            item.add_marker(pytest.mark.profile_subset_164)
     # One SparkContext per process: tests on the standalone cluster replace the
     # local session, so they run last and the local ones share one session.
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)

@@ -330,6 +330,7 @@ def _horovod_train(directory: str, epochs: int, seed: int, reference_epochs: int
     return hvd_tf.allgather_object((initial_epoch, weights, reference))
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_equivalence_with_horovod(tmp_path):

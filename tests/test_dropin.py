@@ -20,6 +20,7 @@ cloudpickle.register_pickle_by_value(workers)
 cloudpickle.register_pickle_by_value(dbx_examples)
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(240)
 def test_databricks_mnist_example_trains_with_horovod_callbacks(tmp_path, capsys):
     checkpoint = str(tmp_path / "checkpoint-{epoch}.weights.h5")
@@ -39,6 +40,8 @@ def test_databricks_mnist_example_trains_with_horovod_callbacks(tmp_path, capsys
 
 
 # Spark tasks, Petastorm and two Horovod workers: 210-300 s at load 10-20.
+@pytest.mark.needs("petastorm")
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(480)
 def test_databricks_petastorm_converter_example_on_spark_tasks(spark, tmp_path):
     from petastorm.spark import SparkDatasetConverter, make_spark_converter
@@ -113,6 +116,7 @@ def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
     assert compat.worker_env() == {}
 
 
+@pytest.mark.needs("horovod.tensorflow")
 def test_workers_get_keras_2_where_keras_3_is_the_default():
     env = HorovodRunner(np=-1).run(workers.keras_in_worker)
     if compat.keras3_default():
@@ -121,6 +125,7 @@ def test_workers_get_keras_2_where_keras_3_is_the_default():
         assert env[1] != "tf_keras"
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_np_below_zero_streams_output_unless_told_otherwise(capsys):
     HorovodRunner(np=-2).run(workers.talk, message="hello")
@@ -131,6 +136,7 @@ def test_np_below_zero_streams_output_unless_told_otherwise(capsys):
     assert "[1] hi from rank 1" in out and "plain stdout line" not in out
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_log_to_driver_cuts_messages_at_4000_characters(capsys):
     HorovodRunner(np=-1).run(workers.long_message, length=10_000)
@@ -138,6 +144,7 @@ def test_log_to_driver_cuts_messages_at_4000_characters(capsys):
     assert line == "[0] " + "x" * 4000
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_progress_bar_redraws_keep_the_rank_prefix(capsys):
     HorovodRunner(np=-2).run(workers.progress_bar, steps=3)
@@ -148,6 +155,7 @@ def test_progress_bar_redraws_keep_the_rank_prefix(capsys):
             f"[{rank}]<stdout>:step {i}/3 of rank {rank}" for i in (1, 2, 3)]
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(240)
 def test_busy_slots_are_waited_for_with_progress(spark, capsys):
     sc = spark.sparkContext
@@ -199,6 +207,7 @@ class HorovodRunner:
 '''
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_the_databricks_path_imports_no_horovod_spark(tmp_path):
     """horovod.spark needs pyarrow<11, which Databricks Runtime 15.4 does not

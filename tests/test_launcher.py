@@ -3,6 +3,7 @@
 standalone cluster). Guarantees both engines give are parametrized by engine."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ EXPECTED_SUM = [3.0 * 10 ** i for i in range(5)]  # ranks contribute 1x and 2x
 RUNNERS = {"horovod": HorovodRunner, "tensorflow": TFDistributeRunner}
 ALLREDUCE = {"horovod": workers.allreduce_known, "tensorflow": workers.tf_allreduce_known}
 engines = pytest.mark.parametrize("engine", sorted(RUNNERS))
+# Not on Databricks Runtime 16.0 ML and later (profile dbr-16.4-ml).
+HOROVOD_INSTALLED = importlib.util.find_spec("horovod") is not None
 
 
 def _check_allreduce(gathered):
@@ -72,6 +75,7 @@ def test_the_driver_keeps_its_signal_handlers_after_a_job_on_spark(spark, engine
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_allreduce_standalone_cluster(cluster_spark):
@@ -79,6 +83,7 @@ def test_allreduce_standalone_cluster(cluster_spark):
     _check_allreduce(HorovodRunner(np=2, spark=cluster_spark).run(workers.allreduce_known))
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_weights_identical_on_all_ranks_after_training():
     per_rank = HorovodRunner(np=-2).run(workers.train_steps, steps=3)
@@ -289,6 +294,17 @@ def test_engine_choice():
         select_backend(-2, engine="mpi")
 
 
+def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
+    """Where Horovod is not installed (Databricks Runtime 16.0 ML and later),
+    a Horovod job says so and names TFDistributeRunner before any worker starts."""
+    monkeypatch.setitem(sys.modules, "horovod", None)  # find_spec: not installed
+    for num_proc in (-2, 2):
+        with pytest.raises(ImportError, match="TFDistributeRunner"):
+            select_backend(num_proc, engine="horovod")
+    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
+
+
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_threads_env_and_pinning():
     runner = HorovodRunner(np=-2, threads_per_worker=1, pin_cpus=True, env={"DIST_DL_EXTRA": "x"})
@@ -299,6 +315,7 @@ def test_threads_env_and_pinning():
         assert cpus == [sorted(os.sched_getaffinity(0))[0]] or len(cpus) == 1
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path):
     # A local worker leaves without Python's final teardown (where a tf.data
@@ -310,6 +327,7 @@ def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
         spark, tmp_path):
@@ -323,6 +341,7 @@ def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
 def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     if visible_gpus():
@@ -340,6 +359,7 @@ def test_cpu_workers_get_a_5_ms_cycle_time_unless_one_was_set(monkeypatch):
     assert env["HOROVOD_CYCLE_TIME"] == "7.5" and env["DIST_DL_DEFAULT_CYCLE_TIME"] is None
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(180)
 def test_idle_worker_does_not_spin(monkeypatch):
     """Horovod's own function launcher hands workers HOROVOD_CYCLE_TIME="(None,)";
@@ -374,7 +394,8 @@ def test_bad_arguments_fail_before_any_worker_starts():
 
     with pytest.raises(TypeError, match="must be picklable"):
         HorovodRunner(np=-2).run(workers.talk, message=threading.Lock())
-    assert isinstance(select_backend(-2), LocalBackend)
+    if HOROVOD_INSTALLED:  # else: test_horovod_missing_is_named_with_the_way_out
+        assert isinstance(select_backend(-2), LocalBackend)
 
 
 SPARKDL_FAKE = '''
@@ -442,7 +463,11 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
                      "DIST_DL_DEFAULT_CYCLE_TIME", "TF_USE_LEGACY_KERAS"):
             os.environ.pop(name, None)
     monkeypatch.undo()  # sparkdl off sys.path again
-    assert not isinstance(select_backend(4), DatabricksBackend)
+    if HOROVOD_INSTALLED:
+        assert not isinstance(select_backend(4), DatabricksBackend)
+    else:  # neither sparkdl nor Horovod: no Horovod backend at all
+        with pytest.raises(ImportError, match="TFDistributeRunner"):
+            select_backend(4)
 
 
 def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():

@@ -95,6 +95,7 @@ def test_evaluation_order_is_repeatable(tree_shards, reader):
                                                              config=config, training=False)]
 
 
+@pytest.mark.needs("petastorm")
 @pytest.mark.timeout(600)
 def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
     from petastorm import make_batch_reader
@@ -226,6 +227,7 @@ def test_driver_side_errors_name_the_problem_and_the_fix(tmp_path):
         ReaderConfig(image_size=0)
 
 
+@pytest.mark.needs("petastorm")
 @pytest.mark.timeout(600)
 def test_both_readers_give_each_rank_the_same_rows_and_steps_every_epoch(tree_shards):
     url, written = tree_shards
@@ -331,6 +333,7 @@ print("TRAINED", len(trained.history["loss"]), flush=True)
 '''
 
 
+@pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_without_petastorm_auto_reads_with_arrow_and_training_completes(tmp_path):

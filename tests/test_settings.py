@@ -15,7 +15,8 @@ def _config_classes() -> list[type]:
     ``train_ensemble``)."""
     found = set()
     for info in pkgutil.walk_packages(dist_dl.__path__, "dist_dl."):
-        if info.name.rsplit(".", 1)[-1] in ("_worker_main", "__main__"):
+        leaf = info.name.rsplit(".", 1)[-1]
+        if leaf.endswith("_worker_main") or leaf == "__main__":
             continue  # process entry points (they run on import), not library modules
         module = importlib.import_module(info.name)
         for value in vars(module).values():

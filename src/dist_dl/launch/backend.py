@@ -53,6 +53,19 @@ def auto_engine() -> str:
     return "horovod"
 
 
+def _require_horovod() -> None:
+    """Raise ImportError saying what to do where Horovod is missing. Databricks
+    Runtime 16.0 ML and later (profile dbr-16.4-ml) ship no Horovod: there a
+    Horovod job otherwise failed deep in a backend with a bare "No module named
+    'horovod'" (launch/spark.py's ``import horovod.spark``)."""
+    if importlib.util.find_spec("horovod") is None:
+        raise ImportError(
+            "HorovodRunner needs Horovod, which is not installed here (Databricks Runtime 16.0 ML "
+            "and later ship none): run the function with TFDistributeRunner (tf.distribute's "
+            "MultiWorkerMirroredStrategy; engine='tensorflow', which engine='auto' picks here), "
+            "or install Horovod built with Gloo (see the Makefile)")
+
+
 def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
     """``np < 0``: processes on this machine. ``np > 0``: Spark tasks; for
     Horovod through Databricks' own HorovodRunner where it exists, else
@@ -69,6 +82,8 @@ def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
         from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend
 
         return TFLocalBackend() if np < 0 else TFSparkBackend(spark)
+    if np < 0 or not databricks_runner_available():  # sparkdl brings its own Horovod
+        _require_horovod()
     if np < 0:
         from dist_dl.launch.local import LocalBackend
 
