@@ -116,16 +116,9 @@ SLOW_BY_DURATION = frozenset({
 # are skipped, saying why, where that module does not import: Databricks
 # Runtime 16.0 ML and later ship neither (profile dbr-16.4-ml), and the library
 # then trains with tf.distribute and reads with pyarrow. The cases of tests
-# parametrized by `engine` or `reader` get the marker from their parameter;
-# tests/test_train.py's Horovod-only test is named here (that module is being
-# changed elsewhere).
+# parametrized by `engine` or `reader` get the marker from their parameter.
 NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
                   ("reader", "petastorm"): "petastorm"}
-NEEDS_BY_NODEID = {
-    # Horovod's cycle time for a large model: a setting of Horovod's allreduce.
-    "tests/test_train.py::test_cpu_workers_of_a_large_model_get_the_long_cycle_time":
-        "horovod.tensorflow",
-}
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,11 +149,8 @@ def pytest_runtest_setup(item):
 
 def _needs(item) -> list[str]:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    needed = [module for (name, value), module in NEEDS_BY_PARAM.items()
-              if params.get(name) == value]
-    if item.nodeid in NEEDS_BY_NODEID:
-        needed.append(NEEDS_BY_NODEID[item.nodeid])
-    return needed
+    return [module for (name, value), module in NEEDS_BY_PARAM.items()
+            if params.get(name) == value]
 
 
 # tryfirst: the marker must be on the items before `-m` selects them.

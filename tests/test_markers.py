@@ -1,20 +1,19 @@
 """The test ids conftest.py names by hand exist: a renamed test would
 otherwise drop silently out of `make test-fast`'s exclusions or out of the
-dbr-15.4-ml or dbr-16.4-ml profile's subset, or lose the skip it needs where
-Horovod is missing."""
+dbr-15.4-ml or dbr-16.4-ml profile's subset."""
 from pathlib import Path
 
 import pytest
 
-from conftest import (NEEDS_BY_NODEID, PROFILE_SUBSET, PROFILE_SUBSET_164,
-                      PROFILE_SUBSET_164_SLOW, PROFILE_SUBSET_SLOW, SLOW_BY_DURATION)
+from conftest import (PROFILE_SUBSET, PROFILE_SUBSET_164, PROFILE_SUBSET_164_SLOW,
+                      PROFILE_SUBSET_SLOW, SLOW_BY_DURATION)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("nodeid", sorted(SLOW_BY_DURATION | PROFILE_SUBSET_SLOW |
-                                           PROFILE_SUBSET_164_SLOW | set(NEEDS_BY_NODEID)))
+                                           PROFILE_SUBSET_164_SLOW))
 def test_a_named_test_exists(nodeid):
     path, _, name = nodeid.partition("::")
     function, _, param = name.partition("[")

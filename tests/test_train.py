@@ -15,16 +15,13 @@ from mlflow.tracking import MlflowClient
 import train_hooks
 from dist_dl import TrainConfig, TrainingFailed, train_distributed
 from dist_dl.prepare import make_synthetic_images, write_digits_tree
-from dist_dl.launch.backend import auto_engine
 from dist_dl.tracking.target import mlflow_target
 
 cloudpickle.register_pickle_by_value(train_hooks)
 
-# Both engines where Horovod imports; tf.distribute alone on the profiles of
-# runtimes without Horovod (Databricks Runtime 16.0 ML and later).
-ENGINES = [pytest.param("horovod", marks=pytest.mark.skipif(
-               auto_engine() != "horovod", reason="horovod.tensorflow does not import here")),
-           "tensorflow"]
+# Both engines; the horovod cases skip where Horovod does not import (the
+# profiles of Databricks Runtime 16.0 ML and later: conftest.py's `needs`).
+ENGINES = ["horovod", "tensorflow"]
 
 # Settings under which a run is a pure function of its inputs.
 EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
@@ -301,10 +298,12 @@ def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.needs("horovod.tensorflow")
 def test_cpu_workers_of_a_large_model_get_the_long_cycle_time(shards, store, tmp_path,
                                                               monkeypatch):
+    # Horovod's cycle time: a setting of Horovod's allreduce only.
     common = dict(epochs=1, num_workers=2, batch_size=4, image_size=16, validation_fraction=0.0,
-                  backend="local", tracking_uri=store, output_dir=str(tmp_path))
+                  backend="local", tracking_uri=store, output_dir=str(tmp_path), engine="horovod")
     probe, builds = str(tmp_path / "cycle_time"), str(tmp_path / "builds")
     trained = train_distributed(shards, model=train_hooks.CountedBuilder(builds,
                                                                          train_hooks.wide_mlp),
