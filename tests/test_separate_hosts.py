@@ -121,15 +121,18 @@ spark = ready(get_spark(MASTER))
 
 
 @pytest.mark.timeout(900)
-def test_train_distributed_from_a_dataframe_then_batch_scoring(hosts):
+@pytest.mark.parametrize("engine", ["horovod", "tensorflow"])
+def test_train_distributed_from_a_dataframe_then_batch_scoring(hosts, engine):
     """train_distributed(df) with the Spark backend: the executors write the
     shards, the workers on the two worker hosts read them, rank 0 logs to the
-    shared MLflow store; then transform() scores on the executors."""
-    out = hosts.run_driver(_program("""
+    shared MLflow store; then transform() scores on the executors. On both
+    engines: tf.distribute's workers take their addresses from the barrier
+    stage and send their output to the driver host."""
+    out = hosts.run_driver(_program(f"ENGINE = {engine!r}\n" + """
 from pyspark.sql import functions as F
 from dist_dl import train_distributed
 from dist_dl.prepare import write_digits_tree
-root = os.path.join(SHARED, "df")
+root = os.path.join(SHARED, "df-" + ENGINE)
 train_dir, val_dir = write_digits_tree(os.path.join(root, "digits"), image_size=16)
 def frame(folder):
     return (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(folder)
@@ -139,7 +142,7 @@ trained = train_distributed(frame(train_dir), validation=frame(val_dir), model="
                             num_workers=2, backend="spark", epochs=3, batch_size=32,
                             learning_rate=0.1, warmup_epochs=1, augment=False,
                             eval_crop_fraction=1.0, output_dir=os.path.join(root, "out"),
-                            tracking_uri=os.path.join(root, "mlruns"))
+                            tracking_uri=os.path.join(root, "mlruns"), engine=ENGINE)
 scored = trained.transform(frame(val_dir).select("content", "digit")).toPandas()
 accuracy = float((scored["prediction"].astype(str) == scored["digit"]).mean())
 print(json.dumps({"val_accuracy": trained.metrics["val_accuracy"], "scored": len(scored),
