@@ -569,7 +569,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         for name, changes in variants.items():
             setups[name] = distributed(dataclasses.replace(scaled, **changes))
             devices[name] = cfg.workers
-        if any(changes.get("engine") == "tensorflow" for changes in variants.values()):
+        if _tf_engine_variants(variants):
             setups["tf_peer"], devices["tf_peer"] = tf_peer, cfg.workers
         results = {name: {"images_per_second": [], "cpu_per_second": [], "threads": [],
                           "devices": devices[name]} for name in setups}
@@ -612,6 +612,12 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _tf_engine_variants(variants: dict) -> list[str]:
+    """The variants that train on the tf.distribute engine (each is also
+    compared with ``tf_peer`` and with ``dist``)."""
+    return [name for name, changes in variants.items() if changes.get("engine") == "tensorflow"]
+
+
 def _report(results: dict, variants: dict, cfg: BenchConfig) -> dict:
     def per_round(a: str, b: str, per: float = 1.0) -> list[float]:
         return [x / (y / per) for x, y in zip(results[a]["images_per_second"],
@@ -625,9 +631,9 @@ def _report(results: dict, variants: dict, cfg: BenchConfig) -> dict:
         ratios["input_headroom"] = per_round("reader_alone", "dist", per=cfg.workers)
     for name in variants:
         ratios[name] = per_round(name, "ceiling")
-        if variants[name].get("engine") == "tensorflow":
-            ratios[f"{name}_vs_tf_peer"] = per_round(name, "tf_peer")
-            ratios[f"{name}_vs_dist"] = per_round(name, "dist")
+    for name in _tf_engine_variants(variants):
+        ratios[f"{name}_vs_tf_peer"] = per_round(name, "tf_peer")
+        ratios[f"{name}_vs_dist"] = per_round(name, "dist")
     summary = {name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                for name, v in ratios.items()}
     return {"setups": results, "ratios": ratios, "summary": summary,
@@ -655,10 +661,9 @@ def _table(report: dict) -> list[str]:
     labels = {"overhead": "dist_1 / plain_1", "scaling": "dist / ceiling",
               "scaling_vs_peer": "dist / peer",
               "input_headroom": "reader alone / per worker"}
-    for name, changes in report["variants"].items():
-        if changes.get("engine") == "tensorflow":
-            labels.update({f"{name}_vs_tf_peer": f"{name} / tf_peer",
-                           f"{name}_vs_dist": f"{name} / dist"})
+    for name in _tf_engine_variants(report["variants"]):
+        labels.update({f"{name}_vs_tf_peer": f"{name} / tf_peer",
+                       f"{name}_vs_dist": f"{name} / dist"})
     for name, s in report["summary"].items():
         goal = GOALS.get(name)
         lines.append(f"{labels.get(name, name + ' / ceiling'):>25s}: median {s['median']:.3f} "
@@ -788,13 +793,12 @@ def _entries(report: dict, command: str | None) -> dict:
                                          goal=GOALS[name])
     # The tf.distribute engine against its plain recipe (goal as Horovod's
     # against its peer) and against the Horovod engine.
-    for name, changes in report["variants"].items():
-        if changes.get("engine") == "tensorflow":
-            entries["scaling_vs_tf_peer"] = result_entry(
-                report["ratios"][f"{name}_vs_tf_peer"], command=command,
-                goal=GOALS["scaling_vs_peer"])
-            entries["tf_engine_vs_horovod"] = result_entry(report["ratios"][f"{name}_vs_dist"],
-                                                           command=command)
+    for name in _tf_engine_variants(report["variants"]):
+        entries["scaling_vs_tf_peer"] = result_entry(
+            report["ratios"][f"{name}_vs_tf_peer"], command=command,
+            goal=GOALS["scaling_vs_peer"])
+        entries["tf_engine_vs_horovod"] = result_entry(report["ratios"][f"{name}_vs_dist"],
+                                                       command=command)
     if report.get("input"):
         entries["input_headroom"]["note"] = report["input"]["message"]
     for name, values in report["setups"].items():

@@ -340,8 +340,12 @@ def _engine(cfg: TrainConfig) -> str:
     from dist_dl.launch.backend import auto_engine
     from dist_dl.train.config import HOROVOD_ONLY
 
-    engine = auto_engine() if cfg.engine == "auto" else cfg.engine
-    if engine == "horovod" and cfg.engine == "horovod" and auto_engine() != "horovod":
+    # auto_engine() imports Horovod (and TensorFlow): at most once, and not
+    # for an explicit engine="tensorflow".
+    engine = cfg.engine
+    if engine == "auto":
+        engine = auto_engine()
+    elif engine == "horovod" and auto_engine() != "horovod":
         raise ValueError(
             "engine='horovod' but horovod.tensorflow does not import here (Databricks Runtime "
             "16.0 ML and later ship no Horovod): use engine='tensorflow' or 'auto', or install "

@@ -99,10 +99,13 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
         val_data = strategy.distribute_datasets_from_function(
             lambda _: _val_data(spec, reader, rank, size))
         # Each batch's sums over all workers (one small all-reduce per step).
+        # This worker's sums batch by batch (its one replica's), then one
+        # all-reduce per pass, as the Horovod worker does.
         callbacks.append(_validation_callback(
             tf, val_data, spec.val_steps,
-            step=lambda sums, iterator: strategy.reduce(
-                tf.distribute.ReduceOp.SUM, strategy.run(sums, args=next(iterator)), axis=None)))
+            step=lambda sums, iterator: strategy.experimental_local_results(
+                strategy.run(sums, args=next(iterator)))[0],
+            combine=lambda totals: _sum_over_workers(tf, strategy, totals)))
     callbacks += [_learning_rate_callback(tf, schedule), step_timer(cfg.batch_size * size),
                   CheckpointCallback(manager, metadata={"run_id": spec.run_id},
                                      writer=rank == 0, peers=True)]
@@ -117,11 +120,17 @@ def _same_everywhere(tf, strategy, epoch: int, size: int, checkpoint_dir: str) -
     """All workers must resume after the same epoch (each read the shared
     folder itself); else ``fit`` would run different steps on each and hang.
     (Sums of the epoch and its square: equal everywhere iff their variance is 0.)"""
-    value = strategy.run(lambda: tf.constant([epoch, epoch * epoch], tf.int64))
-    total, squares = strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy()
+    total, squares = _sum_over_workers(
+        tf, strategy, tf.constant([epoch, epoch * epoch], tf.int64)).numpy()
     if size * int(squares) != int(total) ** 2:
         raise RuntimeError(
             f"the workers found different checkpoints in {checkpoint_dir} (this one resumes "
             f"after epoch {epoch}, the mean of all is {total / size:g}): checkpoint_dir must be "
             "one folder that every worker sees, on shared storage (on Databricks a /dbfs/... or "
             "/Volumes/... path)")
+
+
+def _sum_over_workers(tf, strategy, value):
+    """``value`` (this worker's) summed over all workers: one all-reduce.
+    Each worker has one replica (checked in :func:`train_worker_tf`)."""
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: value), axis=None)
