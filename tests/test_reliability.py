@@ -895,3 +895,304 @@ def test_a_worker_host_cut_off_the_network_ends_a_horovod_runner_job_not_hangs_i
                                    f"the host came back ({failed_after:.1f} s after the cut)")
     assert failed_after < 120 + 15, failed_after
     assert "worker2" in first_line, first_line
+
+
+# ------------------------------------------------------------ S11
+
+_PROBED_JOB = '''
+from dist_dl import HorovodRunner
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+
+def main(mark, least):
+    import os, time
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.init()
+    if hvd.rank() == 0:
+        open(mark, "w").close()
+    start, steps, wrong = time.time(), 0, 0
+    while True:
+        total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name=f"s{steps}")
+        wrong += int(float(total[0]) != hvd.size())
+        steps += 1
+        # Rank 0 decides for all when to stop: once probed, or after 150 s.
+        done = (time.time() - start > least and os.path.exists(mark + ".probed")
+                or time.time() - start > 150)
+        if int(hvd.broadcast(tf.constant(int(done)), 0, name=f"d{steps}")):
+            return {"steps": steps, "wrong": wrong}
+        time.sleep(0.02)
+
+RUNNER = HorovodRunner
+'''
+
+_PROBED_TF_JOB = '''
+from dist_dl import TFDistributeRunner
+from dist_dl.session import get_spark
+
+spark = ready(get_spark(MASTER))
+
+def main(mark, least):
+    import os, time
+    import tensorflow as tf
+    from dist_dl.launch import multi_worker_strategy
+    strategy = multi_worker_strategy()
+    rank = strategy.cluster_resolver.task_id
+    if rank == 0:
+        open(mark, "w").close()
+
+    @tf.function
+    def step(stop):
+        # Summed over the workers: [number of workers, how many said stop].
+        ones = strategy.run(lambda stop: tf.stack([tf.constant(1.0), stop]), args=(stop,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+    start, steps, wrong = time.time(), 0, 0
+    while True:
+        # Rank 0 decides for all when to stop: once probed, or after 150 s.
+        done = rank == 0 and (time.time() - start > least and os.path.exists(mark + ".probed")
+                              or time.time() - start > 150)
+        total, stop = step(tf.constant(float(done))).numpy()
+        wrong += int(total != strategy.num_replicas_in_sync)
+        steps += 1
+        if float(stop) > 0:
+            return {"steps": steps, "wrong": wrong}
+        time.sleep(0.02)
+
+RUNNER = TFDistributeRunner
+'''
+
+# Either job's driver program ends so: the job's result, or its error.
+_RUN_PROBED = '''
+try:
+    results = RUNNER(np=2, timeout=240).run(main, mark=MARK, least=10)
+    error = None
+except Exception as exc:
+    results, error = None, f"{type(exc).__name__}: {exc}"[:3000]
+print(json.dumps({"error": error, "results": results}))
+'''
+
+# Run on the master host, which takes no part in the job: every probe of
+# every target in a fresh connection. The pickles would create CANARY if
+# anything unpickled them.
+_PROBER = '''
+import builtins, json, os, pickle, socket, struct, sys
+from concurrent.futures import ThreadPoolExecutor
+
+given = json.loads(sys.stdin.read())
+
+class Canary:
+    def __reduce__(self):
+        return (builtins.open, (given["canary"], "w"))
+
+body = pickle.dumps(Canary(), protocol=2)
+filler = b"\\0" * (8 << 20)
+PROBES = {
+    "garbage": os.urandom(4096),
+    "pickle": body,
+    # Horovod's wire format: HMAC digest (32 bytes), length, message.
+    "framed pickle, wrong digest": os.urandom(32) + struct.pack("i", len(body)) + body,
+    "length 2**31-1, 8 MiB sent": os.urandom(32) + struct.pack("i", 2 ** 31 - 1) + filler,
+    "length -1, 8 MiB sent": os.urandom(32) + struct.pack("i", -1) + filler,
+}
+
+def probe(address, port, payload):
+    sock = socket.socket()
+    sock.settimeout(5)
+    try:
+        sock.connect((address, port))
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as exc:
+        return f"unreachable ({type(exc).__name__})"
+    try:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        got = b""
+        while len(got) < 65536:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return f"closed, {len(got)} bytes back"
+    except socket.timeout:
+        return "held open, no answer in 5 s"
+    except OSError as exc:
+        return f"reset ({type(exc).__name__})"
+    finally:
+        sock.close()
+
+def all_probes(target):
+    return {name: probe(target["connect"], target["port"], payload)
+            for name, payload in PROBES.items()}
+
+def graph(target):
+    # What TensorFlow's own client sends a tf.distribute worker's gRPC server:
+    # a graph writing a file, run in a session on that server (TensorFlow's
+    # SECURITY.md: the server "executes the graphs it is sent without
+    # performing any checks").
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    with tf.Graph().as_default() as g:
+        write = tf.io.write_file(given["graph_canary"], "written by a graph from another host")
+        try:
+            with tf.compat.v1.Session(f"grpc://{target['connect']}:{target['port']}", graph=g,
+                                      config=tf.compat.v1.ConfigProto(
+                                          operation_timeout_in_ms=20000)) as session:
+                session.run(write)
+            return "graph run"
+        except Exception as exc:
+            return f"graph refused ({type(exc).__name__})"
+
+with ThreadPoolExecutor(16) as pool:
+    outcomes = list(pool.map(all_probes, given["targets"]))
+for target, outcome in zip(given["targets"], outcomes):
+    if target["what"] == "training worker" and not target["loopback"] and given["graph"]:
+        outcome["graph writing a file"] = graph(target)
+print(json.dumps(outcomes))
+'''
+
+
+def _listening(cluster, names=("driver", "worker1", "worker2")) -> list[dict]:
+    """Every listening TCP socket on those hosts: host, bound address, port,
+    the process (pid, what it is), and the address another host would use."""
+    import re
+
+    found = []
+    for name in names:
+        host = cluster.hosts[name]
+        lines = subprocess.run(["ip", "netns", "exec", host.netns, "ss", "-ltnpH"],
+                               capture_output=True, text=True, check=True,
+                               timeout=30).stdout.splitlines()
+        for line in lines:
+            fields = line.split()
+            bound, _, port = fields[3].rpartition(":")
+            pid = re.search(r"pid=(\d+)", line)
+            pid = int(pid.group(1)) if pid else None
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except (OSError, TypeError):
+                argv = ["?"]
+            bound = bound.strip("[]")
+            loopback = bound.startswith("127.") or bound == "::1"
+            found.append({"host": name, "bound": bound, "port": int(port), "pid": pid,
+                          "what": _what(argv), "loopback": loopback,
+                          "connect": host.address})
+    return found
+
+
+def _what(argv: list[str]) -> str:
+    """The process behind a listening port, by its command line."""
+    command = " ".join(argv[:4])
+    if argv[0].endswith("java"):
+        return ("Spark executor JVM" if "CoarseGrainedExecutorBackend" in " ".join(argv) else
+                "Spark worker JVM" if "deploy.worker.Worker" in " ".join(argv) else
+                "Spark driver JVM")
+    if "pyspark.daemon" in command or "pyspark.worker" in command:
+        return "PySpark worker"
+    if "gloo_exec_fn" in command or "_worker_main" in command:
+        return "training worker"
+    if len(argv) > 1 and argv[1] == "-c":
+        # The tests' driver programs run as `python -c <program>`.
+        return "driver program"
+    return argv[0][-40:]
+
+
+def _peak_rss(pid) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+    except (OSError, StopIteration, TypeError):
+        return 0
+
+
+_PROBED = {
+    # engine: (the job, its runner's services in the scenario's text)
+    "horovod": (_PROBED_JOB, "HorovodRunner(np=2) runs allreduces",
+                "Horovod's driver and task services, its Gloo rendezvous, Gloo"),
+    "tensorflow": (_PROBED_TF_JOB, "TFDistributeRunner(np=2) runs all-reduces of "
+                   "MultiWorkerMirroredStrategy",
+                   "the workers' TensorFlow gRPC servers, the driver's output service"),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.hosts
+@pytest.mark.parametrize("engine", ["horovod", "tensorflow"])
+def test_every_port_of_a_run_probed_from_another_host_runs_nothing(request, scenario, engine):
+    cluster = request.getfixturevalue("hosts")
+    job, what_runs, services = _PROBED[engine]
+    graph = engine == "tensorflow"
+    s = scenario(
+        f"S11{'b' if graph else 'a'} hosts",
+        f"every port of a run probed from another host ({engine} engine)",
+        f"while {what_runs} on the cluster, every TCP port listening on the driver and "
+        f"worker hosts ({services}, Spark, the driver program) gets, from the master host, "
+        "in fresh connections: 4 KiB of random bytes, a pickle that would create a canary "
+        "file, the same pickle in Horovod's wire format with a wrong digest, and Horovod's "
+        "framing with lengths 2**31-1 and -1 followed by 8 MiB"
+        + ("; each worker's gRPC server also gets, through TensorFlow's own client, a graph "
+           "that writes a second canary file" if graph else ""),
+        "no probe's pickle is ever unpickled (canary never written); the job finishes with "
+        "every all-reduce right (or fails with an error, never hangs); loopback-only ports "
+        "are not reachable from the other host"
+        + ("; the graph probe's outcome is what the README's security section says of "
+           "TensorFlow's server (it runs the graph: TensorFlow's SECURITY.md, 'not built for "
+           "use in an untrusted network'), so that the docs stay true" if graph else ""))
+    tag = uuid.uuid4().hex
+    mark = os.path.join(str(cluster.shared), f"s11-{tag}")
+    canary = os.path.join(str(cluster.shared), f"s11-canary-{tag}")
+    graph_canary = os.path.join(str(cluster.shared), f"s11-graph-canary-{tag}")
+    driver, outcome = _program_in_thread(request, f"MARK = {mark!r}\n" + job + _RUN_PROBED,
+                                         400)
+    _wait_until(lambda: os.path.exists(mark), driver, outcome, 300, "the job did not start")
+    time.sleep(2.0)
+    targets = _listening(cluster)
+    before = {t["pid"]: _peak_rss(t["pid"]) for t in targets}
+    probed = cluster.hosts["master"].run(
+        [sys.executable, "-c", _PROBER], env=cluster.env("master"), timeout=240,
+        input=json.dumps({"canary": canary, "graph_canary": graph_canary, "graph": graph,
+                          "targets": targets}))
+    open(mark + ".probed", "w").close()
+    assert probed.returncode == 0, probed.stderr[-4000:]
+    outcomes = json.loads(probed.stdout.strip().splitlines()[-1])
+    grown = {pid: _peak_rss(pid) - rss for pid, rss in before.items()}
+    out = _result(driver, outcome, 300)
+
+    assert not os.path.exists(canary), "a probe's pickle was unpickled: the canary exists"
+    for name in cluster.hosts:
+        assert not cluster.hosts[name].read(canary), f"the canary exists on {name}"
+    rows = []
+    for target, result in zip(targets, outcomes):
+        if target["loopback"]:
+            assert set(result.values()) == {"refused"}, (target, result)
+        answered = sorted(set(result.values()))
+        rows.append(f"{target['host']} {target['what']} {target['bound']}:{target['port']}: "
+                    + "; ".join(answered))
+    assert targets and any(not t["loopback"] for t in targets)
+    kinds = sorted({f"{t['host']} {t['what']}" for t in targets})
+    s.figure(f"{len(targets)} listening ports ({sum(t['loopback'] for t in targets)} on "
+             f"loopback only, refused from the master host) in {', '.join(kinds)}")
+    s.figure("outcomes: " + " | ".join(rows))
+    worst = max(grown.items(), key=lambda kv: kv[1])
+    what = next(t for t in targets if t["pid"] == worst[0])
+    s.figure(f"largest growth of a process's peak memory during the probes: "
+             f"{worst[1] / 2 ** 20:.1f} MiB ({what['host']} {what['what']})")
+    assert out["error"] is None, out["error"]
+    if graph:
+        graphs = [r.get("graph writing a file") for r in outcomes if "graph writing a file" in r]
+        assert graphs, f"no tf.distribute worker's port was found: {rows}"
+        ran = graphs.count("graph run")
+        s.figure(f"graph probe: {ran} of {len(graphs)} workers' gRPC servers ran the graph "
+                 f"from the master host (second canary "
+                 f"{'written' if os.path.exists(graph_canary) else 'not written'}): "
+                 "TensorFlow's server authenticates nothing, as the README says")
+        # The README's security section says a host that reaches a worker's
+        # port during training can run graphs as that worker: if TensorFlow
+        # ever refuses them, this fails so that the docs are brought up to date.
+        assert ran == len(graphs) and os.path.exists(graph_canary), graphs
+    assert out["results"]["wrong"] == 0 and out["results"]["steps"] > 0, out
+    s.figure(f"the job finished: {out['results']['steps']} all-reduces, all right; "
+             "no pickle unpickled")
