@@ -288,6 +288,82 @@ def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
              f"({interrupted} of them cut a write short; epoch {last_epoch} reached)")
 
 
+# ------------------------------------------------------------ F1
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_worker_killed_at_five_points_three_times_each_loses_no_completed_epoch(
+        tmp_path, scenario):
+    import cloudpickle
+    from mlflow.tracking import MlflowClient
+
+    import train_hooks
+    from dist_dl import train_distributed
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    cloudpickle.register_pickle_by_value(train_hooks)
+    points = train_hooks.KILL_POINTS
+    # Epoch 5r+p: point p, repetition r; the victim alternates between the
+    # ranks (rank 1, then 0, then 1), but rank 0 is the checkpoint's writer.
+    plan = {5 * rep + p: (point, 0 if "checkpoint" in point else (rep + 1) % 2)
+            for rep in range(3) for p, point in enumerate(points)}
+    epochs = len(plan)
+    s = scenario("F1 local", "worker SIGKILLed at five points, three times each",
+                 f"train_distributed(num_workers=2, epochs={epochs}, max_retries={epochs}, "
+                 "backend='local', Horovod) of a small CNN with a validation pass; in each "
+                 "epoch one worker gets SIGKILL from itself at one of five points: "
+                 + "; ".join(points) + " (inside the step: a thread of the worker's own, "
+                 "watching the training thread's stack, fires a random part of a step in; "
+                 "the checkpoint write: once the checkpoint's temporary folder exists). Each "
+                 "point three times, in one run, the victim alternating between ranks",
+                 "the run finishes after every kill (each retry goes on from the last "
+                 "complete checkpoint); no completed epoch is lost: each attempt begins at "
+                 "the epoch the kill interrupted, so only that epoch runs again; every epoch "
+                 "is logged once; the latest checkpoint is the last epoch's")
+    shards = str(tmp_path / "shards")
+    # 24 rows: 3 steps of 4 per worker and epoch, which the points need.
+    make_synthetic_images(shards, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+    log, ckpt = str(tmp_path / "epochs.log"), str(tmp_path / "checkpoints")
+    os.makedirs(ckpt)
+    store = (tmp_path / "mlruns").as_uri()
+    started = time.monotonic()
+    trained = train_distributed(
+        shards, validation=shards, model="small_cnn", epochs=epochs, num_workers=2,
+        batch_size=4, image_size=16, max_retries=epochs, backend="local", engine="horovod",
+        reader="arrow",
+        tracking_uri=store, output_dir=str(tmp_path / "out"), checkpoint_dir=ckpt,
+        callbacks=train_hooks.KillPlan(log, plan, ckpt))
+    took = time.monotonic() - started
+
+    landed = {epoch: open(f"{log}.{epoch}").read() for epoch in plan
+              if os.path.exists(f"{log}.{epoch}")}
+    assert sorted(landed) == sorted(plan), f"kills that did not happen: {set(plan) - set(landed)}"
+    for epoch, (point, _) in plan.items():
+        expected = {"during the allreduce": "inside the training step",
+                    "during rank 0's checkpoint write": "inside CheckpointManager.save",
+                    "during validation": "inside the validation pass"}.get(point, "")
+        assert landed[epoch].startswith(expected), (epoch, point, landed[epoch])
+    assert trained.attempts == epochs + 1
+    # Attempt 1 began epoch 0 and was killed in it; every later attempt began
+    # at the epoch the last kill interrupted (its checkpoint never published)
+    # and was killed in the next one, the last attempt finished.
+    begun = train_hooks.epochs_begun(log)
+    assert begun == [[0]] + [[e - 1, e] for e in range(1, epochs)] + [[epochs - 1]], begun
+    assert len(trained.history["loss"]) == epochs
+    tags = MlflowClient(store).get_run(trained.run_id).data.tags
+    assert tags["dist_dl.attempts"] == str(epochs + 1)
+    assert all("SIGKILL" in tags[f"dist_dl.attempt_{a}_error"] for a in range(1, epochs + 1))
+    latest = CheckpointManager(ckpt).latest()
+    assert latest is not None and latest.epoch == epochs, latest
+    for point in points:
+        where = sorted({landed[e] for e, (p, _) in plan.items() if p == point})
+        s.figure(f"{point}: 3/3 kills, the run went on (" + "; ".join(where) + ")")
+    s.figure(f"{epochs} kills, {trained.attempts} attempts, each beginning at the epoch "
+             f"the kill interrupted; {epochs} epochs logged once each; latest checkpoint "
+             f"epoch {latest.epoch}; {took:.0f} s in all")
+
+
 # ------------------------------------------------------------ F6
 
 _INTERRUPTED_TRAINING = '''

@@ -6,6 +6,18 @@ import os
 import signal
 
 
+def epochs_begun(path: str) -> list[list[int]]:
+    """The epochs rank 0 began, a list per worker process in the order they
+    ran, from the file EpochLog or KillPlan writes."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            pid, rank, epoch = map(int, line.split())
+            if rank == 0:
+                out.setdefault(pid, []).append(epoch)
+    return list(out.values())
+
+
 class EpochLog:
     """Callback factory: every worker appends ``<pid> <rank> <epoch>`` to
     ``path`` when an epoch begins; optionally kills ``kill_rank`` with SIGKILL
@@ -135,5 +147,114 @@ class RaiseAt:
             def on_epoch_begin(self, epoch, logs=None):
                 if epoch == spec.epoch:
                     raise RuntimeError(spec.message)
+
+        return [Hook()]
+
+
+# Where KillPlan can kill a worker (the reliability issue's five points).
+KILL_POINTS = ("before the first step", "mid-epoch", "during the allreduce",
+               "during rank 0's checkpoint write", "during validation")
+
+
+class KillPlan:
+    """Callback factory: in epoch ``e`` of ``plan`` ({e: (point, rank)}), the
+    worker of that rank kills itself with SIGKILL at that point, once (the
+    marker ``<path>.<e>`` says where the kill landed). Every worker appends
+    ``<pid> <rank> <epoch>`` to ``path`` when an epoch begins, as EpochLog.
+
+    The points: before the epoch's first step; after its second step; inside
+    its second or third step (a thread of the worker's own waits until the
+    thread that runs ``fit`` is inside the compiled step - forward, backward
+    and the gradients' allreduce - then a random part of the shortest step so
+    far, and kills if that step still runs, else tries the next one);
+    inside rank 0's ``CheckpointManager.save`` once the checkpoint's temporary
+    folder exists; inside the exact validation pass at the epoch's end. The
+    threads watch the training thread's Python stack: nothing of the library
+    is patched. Needs at least 3 steps per epoch."""
+
+    def __init__(self, path: str, plan: dict, checkpoint_dir: str):
+        assert all(point in KILL_POINTS for point, _ in plan.values()), plan
+        self.path, self.plan, self.checkpoint_dir = path, dict(plan), checkpoint_dir
+
+    def __call__(self):
+        import random
+        import sys
+        import threading
+        import time
+
+        import tensorflow as tf
+
+        from dist_dl.launch.device import process_rank
+
+        spec = self
+        saving = os.path.join("dist_dl", "train", "checkpoint.py")
+
+        def kill(epoch, landed):
+            with open(f"{spec.path}.{epoch}", "w") as f:
+                f.write(landed)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def stack(thread):
+            frame, found = sys._current_frames().get(thread), []
+            while frame is not None:
+                found.append((frame.f_code.co_filename, frame.f_code.co_qualname))
+                frame = frame.f_back
+            return found
+
+        def in_step(hook, epoch):
+            # A training batch of that epoch is under way, in its compiled step.
+            return hook.in_batch and hook.epoch == epoch and any(
+                "polymorphic_function" in name for name, _ in stack(hook.thread))
+
+        def watch(hook, epoch, point):
+            while True:
+                if point == "during the allreduce" and in_step(hook, epoch):
+                    time.sleep(random.uniform(0.0, 0.8) * hook.shortest_step)
+                    if in_step(hook, epoch):
+                        kill(epoch, "inside the training step")
+                elif point == "during rank 0's checkpoint write" and any(
+                        name.endswith(saving) and qual == "CheckpointManager.save"
+                        for name, qual in stack(hook.thread)):
+                    partial = [n for n in os.listdir(spec.checkpoint_dir)
+                               if n.startswith(".tmp-ckpt-")]
+                    if partial:
+                        kill(epoch, f"inside CheckpointManager.save, {partial[0]} being written")
+                elif point == "during validation" and any(
+                        "DistributedValidation" in qual for _, qual in stack(hook.thread)):
+                    kill(epoch, "inside the validation pass")
+                time.sleep(0.0005)
+
+        class Hook(tf.keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.thread, self.epoch, self.in_batch = None, None, False
+                self.shortest_step = float("inf")
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self.thread, self.epoch = threading.get_ident(), epoch
+                with open(spec.path, "a") as f:
+                    f.write(f"{os.getpid()} {process_rank()} {epoch}\n")
+                point, rank = spec.plan.get(epoch, (None, None))
+                self._point = point if (rank == process_rank() and not
+                                        os.path.exists(f"{spec.path}.{epoch}")) else None
+                if self._point in ("during rank 0's checkpoint write", "during validation"):
+                    self._watch()
+
+            def _watch(self):
+                threading.Thread(target=watch, args=(self, self.epoch, self._point),
+                                 daemon=True).start()
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self._point == "before the first step" and batch == 0:
+                    kill(self.epoch, "before the epoch's first step")
+                if self._point == "during the allreduce" and batch == 1:
+                    self._watch()
+                self._began, self.in_batch = time.monotonic(), True
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.in_batch = False
+                self.shortest_step = min(self.shortest_step, time.monotonic() - self._began)
+                if self._point == "mid-epoch" and batch == 1:
+                    kill(self.epoch, "after the epoch's second step")
 
         return [Hook()]
