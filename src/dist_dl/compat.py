@@ -31,7 +31,11 @@ deprecated and warns), and the model's files are stored under the
 experiment's ``models/<model id>/artifacts``, no longer in the run's
 artifacts. ``runs:/<run id>/<name>`` URIs still resolve to it, and model
 versions still carry the run id. ``model_name_argument`` and
-``logged_model_location`` give the one call for MLflow 2 and 3.
+``logged_model_location`` give the one call for MLflow 2 and 3. The library
+keeps returning ``runs:/`` URIs on MLflow 3 (its FAQ calls them deprecated
+for logged models): the model's own ``models:/m-<id>`` does not take a path
+below it on 3.0.1 (``models:/m-<id>/artifacts/model.keras`` is read as a
+registered model's name), which ``runs:/`` does on both.
 """
 from __future__ import annotations
 
