@@ -7,7 +7,9 @@
 # PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
 # (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml; PROFILE=dbr-16.4-ml with
 # Databricks Runtime 16.4 LTS ML's (constraints/dbr-16.4-ml.txt: no Horovod, no
-# Petastorm) in .venv-dbr-16.4-ml.
+# Petastorm) in .venv-dbr-16.4-ml; PROFILE=dbr-17.3-ml with Databricks Runtime
+# 17.3 LTS ML's (constraints/dbr-17.3-ml.txt: Spark 4, numpy 2, MLflow 3, no Horovod,
+# no Petastorm) in .venv-dbr-17.3-ml.
 
 PYTHON  ?= python3
 PROFILE ?=
@@ -38,11 +40,11 @@ BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
 CHECK       := $(GLOO_CHECK)
-else ifeq ($(PROFILE),dbr-16.4-ml)
-VENV        := .venv-dbr-16.4-ml
-CONSTRAINTS := constraints/dbr-16.4-ml.txt
-# The runtime has neither Horovod nor Petastorm: nothing is built from source,
-# and the library picks tf.distribute and the pyarrow reader by itself.
+else ifneq ($(filter $(PROFILE),dbr-16.4-ml dbr-17.3-ml),)
+VENV        := .venv-$(PROFILE)
+CONSTRAINTS := constraints/$(PROFILE).txt
+# Runtimes 16.4 and 17.3 have neither Horovod nor Petastorm: nothing is built
+# from source, and the library picks tf.distribute and the pyarrow reader by itself.
 HOROVOD     :=
 EXTRAS      := delta,samples,dev
 BUILD_FIRST := tensorflow-cpu keras pyspark
@@ -50,7 +52,7 @@ BUILD_FIRST := tensorflow-cpu keras pyspark
 NO_DEPS     := tf-keras
 CHECK       := $(AUTO_CHECK)
 else
-$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml or dbr-16.4-ml)
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml, dbr-16.4-ml or dbr-17.3-ml)
 endif
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip

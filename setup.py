@@ -2,9 +2,12 @@
 
 Ranges here are what the library needs; the exact versions known to work
 together are pinned in constraints.txt (the default profile) and
-constraints/dbr-15.4-ml.txt (Databricks Runtime 15.4 LTS ML: TensorFlow 2.16
-with tf-keras, which is installed by the Makefile: its metadata requires the
-full `tensorflow`, not tensorflow-cpu). TensorFlow, Horovod and PySpark are not
+constraints/dbr-*.txt (Databricks Runtimes 15.4, 16.4 and 17.3 LTS ML; their
+tf-keras is installed by the Makefile: its metadata requires the full
+`tensorflow`, not tensorflow-cpu). numpy 2 and MLflow 3 are in range:
+runtime 17.3 LTS ML has numpy 2.1 and MLflow 3.0 (profile dbr-17.3-ml), the
+default profile pins numpy 1.26 and MLflow 2.22, and the library runs on both
+(MLflow's differences in dist_dl.compat). TensorFlow, Horovod and PySpark are not
 hard requirements: a Databricks ML runtime ships its own (GPU) builds, and a
 pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
 """
@@ -22,10 +25,10 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "cloudpickle>=2.0",
-        "numpy>=1.23,<2",
+        "numpy>=1.23,<3",
         "pandas>=1.5,<3",
         "pyarrow>=10",
-        "mlflow>=2.9,<3",
+        "mlflow>=2.9,<4",
         "optuna>=3.4",
         "databricks-sdk>=0.20",
         "psutil>=5.9",

@@ -57,7 +57,10 @@ PROFILE_SUBSET_SLOW = frozenset({
 # imports), every test not marked slow, and the slow ones below (among them
 # train_distributed on two Spark tasks with its MLflow model, and resume, on
 # tf.distribute). Tests of these modules that need Horovod or Petastorm are
-# selected too and skip there, saying why (`needs`).
+# selected too and skip there, saying why (`needs`). The dbr-17.3-ml profile
+# (Runtime 17.3 LTS ML: no Horovod, no Petastorm either; TensorFlow 2.19,
+# Spark 4.0, pyarrow 19, pandas 2.2, numpy 2.1, MLflow 3.0, databricks-sdk 0.49)
+# runs the same subset: the same modules meet the versions it changes.
 PROFILE_SUBSET_164 = frozenset({
     "test_launcher", "test_train", "test_read", "test_prepare", "test_tracking", "test_scoring",
     "test_ensemble", "test_search", "test_optional", "test_config", "test_settings", "test_lazy",

@@ -31,9 +31,15 @@ JOBS = ROOT / "jobs"
 JOB_FILES = sorted(JOBS.glob("*.json"))
 GPU_RUNTIME = "15.4.x-gpu-ml-scala2.12"
 CPU_RUNTIME = "15.4.x-cpu-ml-scala2.12"
-# Runtime 16.4 LTS ML ships no Horovod: the tf.distribute jobs (train.engine=tensorflow) run there.
+# Runtimes 16.4 and 17.3 LTS ML ship no Horovod: the tf.distribute jobs (train.engine=tensorflow)
+# run there, training_tfdist_* on 16.4 and training_tfdist_17_* on 17.3 (Spark 4: Scala 2.13 only).
 TFDIST_GPU_RUNTIME = "16.4.x-gpu-ml-scala2.12"
 TFDIST_CPU_RUNTIME = "16.4.x-cpu-ml-scala2.12"
+TFDIST_17_GPU_RUNTIME = "17.3.x-gpu-ml-scala2.13"
+TFDIST_17_CPU_RUNTIME = "17.3.x-cpu-ml-scala2.13"
+# Job file name (without the cloud) -> (runtime of CPU clusters, of GPU clusters).
+RUNTIMES = {"training_tfdist": (TFDIST_CPU_RUNTIME, TFDIST_GPU_RUNTIME),
+            "training_tfdist_17": (TFDIST_17_CPU_RUNTIME, TFDIST_17_GPU_RUNTIME)}
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +93,7 @@ def test_jobs_folder_holds_the_job_definitions():
     names = {p.name for p in JOB_FILES}
     for cloud in ("azure", "aws"):
         assert {f"training_workflow_{cloud}.json", f"training_tfdist_{cloud}.json",
+                f"training_tfdist_17_{cloud}.json",
                 f"benchmark_gpu_{cloud}.json", f"ensemble_cpu_{cloud}.json"} <= names
 
 
@@ -121,18 +128,18 @@ def test_job_file_runs_the_wheel_with_parameters_not_literal_paths(path):
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
 def test_clusters_run_the_ml_runtime_of_their_engine(path):
-    """15.4 LTS ML, the last with Horovod; 16.4 LTS ML for the tf.distribute
-    jobs, whose training tasks choose that engine explicitly."""
+    """15.4 LTS ML, the last with Horovod; 16.4 or 17.3 LTS ML for the
+    tf.distribute jobs, whose training tasks choose that engine explicitly."""
     job = json.loads(path.read_text())
-    tfdist = path.stem.startswith("training_tfdist_")
+    stem = path.stem.rsplit("_", 1)[0]
+    tfdist = stem in RUNTIMES
     clusters = {c["job_cluster_key"]: c["new_cluster"] for c in job["job_clusters"]}
     for task in job["tasks"]:
         argv = task["python_wheel_task"]["parameters"]
         runtime = clusters[task["job_cluster_key"]]["spark_version"]
         gpu = argv[0] in ("train", "bench", "evaluate", "score")
-        expected = {(False, False): CPU_RUNTIME, (False, True): GPU_RUNTIME,
-                    (True, False): TFDIST_CPU_RUNTIME, (True, True): TFDIST_GPU_RUNTIME}
-        assert runtime == expected[tfdist, gpu], \
+        expected = RUNTIMES.get(stem, (CPU_RUNTIME, GPU_RUNTIME))[gpu]
+        assert runtime == expected, \
             f"{path.name}: task {task['task_key']} runs on {runtime}"
         if tfdist:
             assert argv[0] != "bench", f"{path.name}: bench needs Horovod"
@@ -140,7 +147,7 @@ def test_clusters_run_the_ml_runtime_of_their_engine(path):
                 assert "train.engine=tensorflow" in argv, f"{path.name}: {task['task_key']}"
 
 
-@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist"])
+@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist", "training_tfdist_17"])
 def test_training_workflow_chains_prepare_train_evaluate_score(stem):
     for cloud in ("azure", "aws"):
         job = json.loads((JOBS / f"{stem}_{cloud}.json").read_text())
@@ -327,8 +334,11 @@ MISTAKES = [
         _train_args(j).__setitem__(0, "bench")),
      None, "new_cluster.spark_version", "task 'train' runs `dist-dl bench`"),
     ("runtime-not-supported-yet", lambda j: _cluster(j).__setitem__(
-        "spark_version", "17.3.x-gpu-ml-scala2.12"),
+        "spark_version", "18.0.x-gpu-ml-scala2.13"),
      None, "new_cluster.spark_version", "is not supported yet"),
+    ("spark-4-runtime-with-scala-2.12", lambda j: _cluster(j).__setitem__(
+        "spark_version", "17.3.x-gpu-ml-scala2.12"),
+     None, "new_cluster.spark_version", "built for Scala 2.13 only"),
     ("runtime-too-old",
      lambda j: _cluster(j).__setitem__("spark_version", "12.2.x-gpu-ml-scala2.12"),
      None, "new_cluster.spark_version", "older than 3.10"),
@@ -365,11 +375,13 @@ def _on_runtime(job: dict, runtime: str, *train_args: str) -> dict:
 
 
 @pytest.mark.parametrize("engine", ["auto", "tensorflow"])
-def test_runtime_16_4_runs_training_without_horovod(engine):
-    for runtime in (TFDIST_GPU_RUNTIME, "16.0.x-gpu-ml-scala2.12", GPU_RUNTIME):
-        job = _on_runtime(small_job(), runtime, "--set", f"train.engine={engine}")
-        assert validate(job) == [], runtime
-    job = _on_runtime(small_job(), TFDIST_GPU_RUNTIME, "--set", f"train.engine={engine}")
+@pytest.mark.parametrize("runtime", [TFDIST_GPU_RUNTIME, TFDIST_17_GPU_RUNTIME])
+def test_runtimes_16_and_17_run_training_without_horovod(runtime, engine):
+    release = runtime.split(".x-")[0]
+    for version in (runtime, runtime.replace(release, release.split(".")[0] + ".0"), GPU_RUNTIME):
+        job = _on_runtime(small_job(), version, "--set", f"train.engine={engine}")
+        assert validate(job) == [], version
+    job = _on_runtime(small_job(), runtime, "--set", f"train.engine={engine}")
     _train_args(job)[0] = "pipeline"
     assert validate(job) == []
 
@@ -378,13 +390,14 @@ def _spark_version_problems(job: dict) -> list[str]:
     return [p.message for p in validate(job) if p.field.endswith("spark_version")]
 
 
-def test_tasks_that_need_horovod_are_refused_on_16_x_naming_why_and_the_fix():
+@pytest.mark.parametrize("runtime", [TFDIST_GPU_RUNTIME, TFDIST_17_GPU_RUNTIME])
+def test_tasks_that_need_horovod_are_refused_on_16_and_17_naming_why_and_the_fix(runtime):
     tf_fix = ('use \'15.4.x-gpu-ml-scala2.12\', or set train.engine to "tensorflow" or "auto" '
               '(`--set train.engine=tensorflow`) to train with tf.distribute')
-    horovod = _on_runtime(small_job(), TFDIST_GPU_RUNTIME, "--set", "train.engine=horovod")
+    horovod = _on_runtime(small_job(), runtime, "--set", "train.engine=horovod")
     assert _spark_version_problems(horovod) == [
         'task \'train\' runs `dist-dl train` with train.engine "horovod", and '
-        '\'16.4.x-gpu-ml-scala2.12\' has no Horovod (Databricks ML runtimes 16.0 and later ship '
+        f'\'{runtime}\' has no Horovod (Databricks ML runtimes 16.0 and later ship '
         'none): ' + tf_fix]
     bench = _on_runtime(small_job(), "16.2.x-gpu-ml-scala2.12")
     _train(bench)["python_wheel_task"]["parameters"] = ["bench", "--config",
@@ -415,15 +428,18 @@ def test_the_engine_is_the_one_a_run_would_load():
     assert _spark_version_problems(job) == []
 
 
-def test_runtimes_after_16_4_are_refused_naming_why_and_the_fix():
-    job = _on_runtime(small_job(), "17.3.x-cpu-ml-scala2.12")
+def test_runtimes_after_17_3_are_refused_naming_why_and_the_fix():
+    job = _on_runtime(small_job(), "18.0.x-cpu-ml-scala2.13")
     _train_args(job)[0] = "evaluate"  # no training step: the runtime alone is refused
     assert _spark_version_problems(job) == [
-        "'17.3.x-cpu-ml-scala2.12' is not supported yet: the wheel requires numpy<2 and MLflow<3 "
-        "(setup.py), which runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break, and no test "
-        "profile reproduces runtimes after 16.4 yet: use '16.4.x-cpu-ml-scala2.12' with the "
-        "tf.distribute engine (train.engine \"tensorflow\" or \"auto\"), or "
-        "'15.4.x-cpu-ml-scala2.12' with Horovod"]
+        "'18.0.x-cpu-ml-scala2.13' is not supported yet: no test profile reproduces runtimes "
+        "after 17.3 LTS ML: use '17.3.x-cpu-ml-scala2.13' with the tf.distribute engine "
+        "(train.engine \"tensorflow\" or \"auto\"), or '15.4.x-cpu-ml-scala2.12' with Horovod"]
+    scala = _on_runtime(small_job(), "17.3.x-cpu-ml-scala2.12")
+    _train_args(scala)[0] = "evaluate"
+    assert _spark_version_problems(scala) == [
+        "'17.3.x-cpu-ml-scala2.12' does not exist: runtimes from 17.0 (Spark 4) are built for "
+        "Scala 2.13 only: use '17.3.x-cpu-ml-scala2.13'"]
 
 
 def test_a_notebook_task_under_notebooks_is_accepted():

@@ -1,6 +1,6 @@
 """The test ids conftest.py names by hand exist: a renamed test would
 otherwise drop silently out of `make test-fast`'s exclusions or out of the
-dbr-15.4-ml or dbr-16.4-ml profile's subset."""
+dbr-15.4-ml or dbr-16.4-ml profile's subset (which dbr-17.3-ml runs too)."""
 from pathlib import Path
 
 import pytest

@@ -142,7 +142,12 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     assert run.data.params["train.num_workers"] == "2" and run.data.params["backend"] == "spark"
     assert run.data.metrics["num_workers"] == 2 and run.data.metrics["images_per_second"] > 0
     artifacts = {a.path for a in MlflowClient(store).list_artifacts(trained.run_id)}
-    assert {"model", "tensorboard"} <= artifacts
+    assert "tensorboard" in artifacts
+    # The model: in the run's artifacts before MLflow 3, a logged model of its own from
+    # MLflow 3 on (runtime 17.3's), which the run's runs:/ URI still names.
+    with mlflow_target(store):
+        model_files = mlflow.artifacts.list_artifacts(artifact_uri=trained.model_uri)
+    assert {"MLmodel", "artifacts"} <= {os.path.basename(a.path) for a in model_files}
 
     # The same DataFrame again: its shards are reused, not rewritten.
     from dist_dl.prepare.materialise import materialise_dataframe

@@ -24,6 +24,18 @@ Nothing here imports TensorFlow until asked for a Keras module.
 
 One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
 ``as_shallow_dict`` on its settings classes (``shallow_fields``).
+
+And MLflow 3 (Databricks Runtime 17.3 LTS ML has 3.0.1) makes a logged model
+an entity of its own: ``log_model`` takes ``name=`` (``artifact_path=`` is
+deprecated and warns), and the model's files are stored under the
+experiment's ``models/<model id>/artifacts``, no longer in the run's
+artifacts. ``runs:/<run id>/<name>`` URIs still resolve to it, and model
+versions still carry the run id. ``model_name_argument`` and
+``logged_model_location`` give the one call for MLflow 2 and 3. The library
+keeps returning ``runs:/`` URIs on MLflow 3 (its FAQ calls them deprecated
+for logged models): the model's own ``models:/m-<id>`` does not take a path
+below it on 3.0.1 (``models:/m-<id>/artifacts/model.keras`` is read as a
+registered model's name), which ``runs:/`` does on both.
 """
 from __future__ import annotations
 
@@ -39,7 +51,7 @@ import sys
 
 __all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
            "require_tf_keras", "not_a_library_keras_model", "pickle_tensorflow_lazy_modules_by_name",
-           "shallow_fields"]
+           "shallow_fields", "mlflow3", "model_name_argument", "logged_model_location"]
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 # The TensorFlow distributions whose version names the tf-keras to install.
@@ -213,3 +225,29 @@ def shallow_fields(settings) -> dict:
     values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
     return {name: value for name, value in values.items()
             if value is not None and value != [] and value != {}}
+
+
+def mlflow3() -> bool:
+    """True where MLflow is 3.x or later (logged models of their own)."""
+    version = _version("mlflow") or _version("mlflow-skinny")
+    return version is not None and int(version.split(".")[0]) >= 3
+
+
+def model_name_argument(name: str) -> dict[str, str]:
+    """The keyword naming a model for ``mlflow.<flavor>.log_model``:
+    ``name=`` on MLflow 3 (where ``artifact_path=`` is deprecated),
+    ``artifact_path=`` before it (where ``name=`` does not exist)."""
+    return {"name": name} if mlflow3() else {"artifact_path": name}
+
+
+def logged_model_location(info, name: str) -> str:
+    """Where the files of the model just logged (``info``, what ``log_model``
+    returned, inside the active run, under ``name``) are, as an artifact URI
+    that needs no tracking server: the run's ``artifacts/<name>`` before
+    MLflow 3, the logged model's own artifact location from MLflow 3 on
+    (its run's artifacts hold no copy there)."""
+    import mlflow
+
+    if mlflow3():
+        return mlflow.get_logged_model(info.model_id).artifact_location
+    return mlflow.get_artifact_uri(name)

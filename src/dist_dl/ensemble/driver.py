@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from dist_dl import compat
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.ensemble.memory import check_partition_memory, task_memory
@@ -432,8 +433,8 @@ def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_u
             metrics[f"member_{i}_train_seconds"] = results[i].end - results[i].start
             metrics[f"member_{i}_fit_seconds"] = results[i].fit_seconds
         mlflow.log_metrics(metrics)
-        mlflow.pyfunc.log_model(
-            "model",
+        info = mlflow.pyfunc.log_model(
+            **compat.model_name_argument("model"),
             python_model=EnsemblePyfunc(num_models, classes, spec.feature_cols, combine,
                                         member_digests=[d for _, d in members]),
             artifacts=member_artifacts([p for p, _ in members]),
@@ -443,8 +444,9 @@ def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_u
             pip_requirements=_requirements({r.kind for r in results}))
         run_id = run.info.run_id
         # The artifact's own URI, not runs:/..., so that it still resolves
-        # after the caller's tracking URI is put back.
-        model_uri = mlflow.get_artifact_uri("model")
+        # after the caller's tracking URI is put back (on MLflow 3 the logged
+        # model's own location: the run's artifacts hold no copy).
+        model_uri = compat.logged_model_location(info, "model")
     return Ensemble(run_id=run_id, model_uri=model_uri, score=ensemble_score,
                     member_scores=member_scores, member_rows=tuple(r.rows for r in results),
                     classes=classes, feature_cols=spec.feature_cols, label_col=label_col,

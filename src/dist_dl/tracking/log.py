@@ -29,7 +29,8 @@ class LoggedModel:
     """Where a logged classifier is.
 
     Attributes:
-        model_uri: ``runs:/<run_id>/<artifact_path>``; what
+        model_uri: ``runs:/<run_id>/<artifact_path>`` (on MLflow 3 too, where it
+            resolves to the logged model of that name in the run); what
             ``mlflow.pyfunc.load_model`` and :func:`dist_dl.score.score_dataframe` take.
         run_id: The MLflow run it was logged to.
         registered_model_name: The registry name, if it was registered.
@@ -116,7 +117,8 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
         model: The trained Keras model (its input must match ``preprocessing.input_shape``).
         preprocessing: How encoded images become model input.
         image_col: Input column of encoded images the pyfunc reads.
-        artifact_path: Where in the run's artifacts (default ``"model"``).
+        artifact_path: Where in the run's artifacts (default ``"model"``); the
+            model's ``name`` on MLflow 3, which keeps its files apart from the run's.
         registered_model_name: Also register it in the model registry under
             this name (a new version each time). The tracking URI must point to
             a store with a registry (``sqlite:///...``, a server, Databricks).
@@ -167,7 +169,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
             # example makes MLflow load and run the model again while logging.
             warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
-                artifact_path=artifact_path, python_model=python_model,
+                **compat.model_name_argument(artifact_path), python_model=python_model,
                 artifacts={KERAS_ARTIFACT: keras_path}, signature=signature,
                 pip_requirements=requirements, registered_model_name=registered_model_name,
                 metadata={"preprocessing": preprocessing.to_dict(), "image_col": image_col,

@@ -41,15 +41,18 @@ ENTRY_POINT = "dist-dl"
 _CHECKOUT = Path(__file__).resolve().parents[4]
 
 # The ML runtimes the wheel runs on: 13.0, the first with Python 3.10 (the
-# oldest the wheel supports), to 16.4 LTS ML. Databricks removed Horovod and
-# HorovodRunner after 15.4 LTS ML, so on 16.x only tasks that need no Horovod
-# run (train.engine "tensorflow" or "auto" trains with tf.distribute there).
-# After 16.4: runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break the wheel's
-# numpy<2 and mlflow<3 (setup.py), and no test profile reproduces 17.x yet.
+# oldest the wheel supports), to 17.3 LTS ML, the newest a test profile
+# reproduces (dbr-17.3-ml: Spark 4.0, numpy 2.1, MLflow 3.0; setup.py allows
+# numpy 2 and MLflow 3 since). Databricks removed Horovod and HorovodRunner
+# after 15.4 LTS ML, so on 16.x and 17.x only tasks that need no Horovod run
+# (train.engine "tensorflow" or "auto" trains with tf.distribute there).
+# Spark 4 (runtimes 17.0 and later) is built for Scala 2.13 only.
 _MIN_RUNTIME = (13, 0)
 _LAST_HOROVOD_RUNTIME = (15, 4)
-_MAX_RUNTIME = (16, 4)
-_RUNTIME = re.compile(r"^(\d+)\.(\d+)\.x-(cpu|gpu)-ml-scala\d+\.\d+$")
+_MAX_RUNTIME = (17, 3)
+_FIRST_SCALA_213_ONLY = (17, 0)
+_NEWEST = "17.3.x-{kind}-ml-scala2.13"
+_RUNTIME = re.compile(r"^(\d+)\.(\d+)\.x-(cpu|gpu)-ml-scala(\d+\.\d+)$")
 # Steps that start training workers (Horovod or tf.distribute): their cluster
 # must be a GPU ML runtime on GPU machines (Databricks wants GPU types for the
 # driver too).
@@ -225,22 +228,25 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
     if match is None:
         add(path + ("spark_version",),
             f"{version!r} is not a Databricks ML runtime, which the jobs need: e.g. "
-            f"'16.4.x-gpu-ml-scala2.12' (tf.distribute) or '15.4.x-gpu-ml-scala2.12' (Horovod), "
+            f"'17.3.x-gpu-ml-scala2.13' (tf.distribute) or '15.4.x-gpu-ml-scala2.12' (Horovod), "
             f"the -cpu- variant without GPUs")
         return
-    release, kind = (int(match.group(1)), int(match.group(2))), match.group(3)
+    release, kind, scala = (int(match.group(1)), int(match.group(2))), match.group(3), \
+        match.group(4)
+    newest = _NEWEST.format(kind=kind)
     if release > _MAX_RUNTIME:
         add(path + ("spark_version",),
-            f"{version!r} is not supported yet: the wheel requires numpy<2 and MLflow<3 "
-            f"(setup.py), which runtime 17.3 LTS ML's numpy 2.1 and MLflow 3.0 break, and no test "
-            f"profile reproduces runtimes after 16.4 yet: use '16.4.x-{kind}-ml-scala2.12' with "
-            f"the tf.distribute engine (train.engine \"tensorflow\" or \"auto\"), or "
-            f"'15.4.x-{kind}-ml-scala2.12' with Horovod")
+            f"{version!r} is not supported yet: no test profile reproduces runtimes after 17.3 "
+            f"LTS ML: use '{newest}' with the tf.distribute engine (train.engine \"tensorflow\" "
+            f"or \"auto\"), or '15.4.x-{kind}-ml-scala2.12' with Horovod")
+    elif release >= _FIRST_SCALA_213_ONLY and scala != "2.13":
+        add(path + ("spark_version",),
+            f"{version!r} does not exist: runtimes from 17.0 (Spark 4) are built for Scala 2.13 "
+            f"only: use '{release[0]}.{release[1]}.x-{kind}-ml-scala2.13'")
     elif release < _MIN_RUNTIME:
         add(path + ("spark_version",),
             f"{version!r} has Python older than 3.10, which the wheel needs: use "
-            f"'15.4.x-{kind}-ml-scala2.12' (Horovod) or '16.4.x-{kind}-ml-scala2.12' "
-            f"(tf.distribute)")
+            f"'15.4.x-{kind}-ml-scala2.12' (Horovod) or '{newest}' (tf.distribute)")
     elif release > _LAST_HOROVOD_RUNTIME:
         for task, (why, other) in horovod_tasks.items():
             add(path + ("spark_version",),
@@ -274,8 +280,9 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     ``parameter_values``), or a notebook under ``notebooks/``; tasks install
     the wheel on a job cluster; secrets appear only as ``{{secrets/...}}``
     references in ``spark_conf`` / ``spark_env_vars``; clusters run an ML
-    runtime from 13.0 to 16.4, a GPU one for training steps, and one that
-    ships Horovod (15.4 or older) for the tasks that need it: ``bench``, and
+    runtime from 13.0 to 17.3 (Scala 2.13 from 17.0), a GPU one for training
+    steps, and one that ships Horovod (15.4 or older) for the tasks that need
+    it: ``bench``, and
     ``train`` / ``pipeline`` with ``train.engine`` "horovod".
 
     Args:
