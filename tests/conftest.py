@@ -84,7 +84,6 @@ PROFILE_SUBSET_164_SLOW = frozenset({
 # at load 7) that carry no @pytest.mark.slow of their own: also `slow`, so that
 # `make test-fast` stays a few minutes. The separate-hosts tests are slow too.
 SLOW_BY_DURATION = frozenset({
-    "tests/test_checkpoint.py::test_killed_writer_leaves_the_latest_complete_checkpoint_loadable",
     "tests/test_dropin.py::test_busy_slots_are_waited_for_with_progress",
     "tests/test_dropin.py::test_databricks_mnist_example_trains_with_horovod_callbacks",
     "tests/test_dropin.py::test_databricks_petastorm_converter_example_on_spark_tasks",
