@@ -1142,9 +1142,9 @@ def _listening(cluster, names=("driver", "worker1", "worker2")) -> list[dict]:
     found = []
     for name in names:
         host = cluster.hosts[name]
-        lines = subprocess.run(["ip", "netns", "exec", host.netns, "ss", "-ltnpH"],
-                               capture_output=True, text=True, check=True,
-                               timeout=30).stdout.splitlines()
+        listed = host.run(["ss", "-ltnpH"], env=cluster.env(name), timeout=30)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
         for line in lines:
             fields = line.split()
             bound, _, port = fields[3].rpartition(":")

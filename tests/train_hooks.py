@@ -6,6 +6,20 @@ import os
 import signal
 
 
+def log_epoch_begun(path: str, rank: int, epoch: int) -> None:
+    """One line ``<pid> <rank> <epoch>`` of the file epochs_begun reads."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} {rank} {epoch}\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def epochs_begun(path: str) -> list[list[int]]:
     """The epochs rank 0 began, a list per worker process in the order they
     ran, from the file EpochLog or KillPlan writes."""
@@ -40,8 +54,7 @@ class EpochLog:
         class Hook(tf.keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
                 self._epoch = epoch
-                with open(spec.path, "a") as f:
-                    f.write(f"{os.getpid()} {process_rank()} {epoch}\n")
+                log_epoch_begun(spec.path, process_rank(), epoch)
 
             def on_train_batch_end(self, batch, logs=None):
                 marker = spec.path + ".killed"
@@ -162,7 +175,8 @@ class KillPlan:
     marker ``<path>.<e>`` says where the kill landed). Every worker appends
     ``<pid> <rank> <epoch>`` to ``path`` when an epoch begins, as EpochLog.
 
-    The points: before the epoch's first step; after its second step; inside
+    The points: before the epoch's first step (once a worker of another rank
+    has begun the epoch too); after its second step; inside
     its second or third step (a thread of the worker's own waits until the
     thread that runs ``fit`` is inside the compiled step - forward, backward
     and the gradients' allreduce - then a random part of the shortest step so
@@ -193,6 +207,19 @@ class KillPlan:
             with open(f"{spec.path}.{epoch}", "w") as f:
                 f.write(landed)
             os.kill(os.getpid(), signal.SIGKILL)
+
+        def others_begun(epoch, seconds=60.0):
+            # Until a live worker of another rank has begun this epoch too (it
+            # then waits in the first step's allreduce): else the run's epoch
+            # log would depend on which worker the driver stopped first.
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                with open(spec.path) as f:
+                    for line in f:
+                        pid, rank, begun = map(int, line.split())
+                        if rank != process_rank() and begun == epoch and _alive(pid):
+                            return
+                time.sleep(0.01)
 
         def stack(thread):
             frame, found = sys._current_frames().get(thread), []
@@ -232,8 +259,7 @@ class KillPlan:
 
             def on_epoch_begin(self, epoch, logs=None):
                 self.thread, self.epoch = threading.get_ident(), epoch
-                with open(spec.path, "a") as f:
-                    f.write(f"{os.getpid()} {process_rank()} {epoch}\n")
+                log_epoch_begun(spec.path, process_rank(), epoch)
                 point, rank = spec.plan.get(epoch, (None, None))
                 self._point = point if (rank == process_rank() and not
                                         os.path.exists(f"{spec.path}.{epoch}")) else None
@@ -246,6 +272,7 @@ class KillPlan:
 
             def on_train_batch_begin(self, batch, logs=None):
                 if self._point == "before the first step" and batch == 0:
+                    others_begun(self.epoch)
                     kill(self.epoch, "before the epoch's first step")
                 if self._point == "during the allreduce" and batch == 1:
                     self._watch()

@@ -98,7 +98,6 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     if spec.val_files:
         val_data = strategy.distribute_datasets_from_function(
             lambda _: _val_data(spec, reader, rank, size))
-        # Each batch's sums over all workers (one small all-reduce per step).
         # This worker's sums batch by batch (its one replica's), then one
         # all-reduce per pass, as the Horovod worker does.
         callbacks.append(_validation_callback(
