@@ -231,3 +231,44 @@ def test_prepare_data_command_writes_a_tree_and_its_validation_folder_as_delta(s
     assert len(rows("validation")) == 3
     assert load_label_index(str(tmp_path / "shards" / "validation")) == \
         load_label_index(str(tmp_path / "shards" / "train"))
+
+
+@pytest.mark.timeout(600)
+def test_the_same_dataframe_materialised_twice_at_once_is_written_once(spark, tmp_path):
+    """Two calls (threads of one driver, as notebooks of a cluster) that
+    materialise the same file-backed DataFrame into one output folder at the
+    same moment: one set of shards with each row once, both calls pointed at
+    it, no folder of the losing write left behind."""
+    import threading
+
+    from pyspark.sql import functions as F
+
+    from dist_dl.prepare import write_digits_tree
+    from dist_dl.prepare.materialise import materialise_dataframe
+
+    train_dir, _ = write_digits_tree(str(tmp_path / "digits"), image_size=8,
+                                     validation_fraction=0.95)   # about 90 images
+    frame = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+             .load(train_dir).withColumn("digit", F.regexp_extract("path", r"/(\d)/[^/]+$", 1)))
+    rows = frame.count()
+    out, results, go = str(tmp_path / "out"), [], threading.Barrier(2)
+
+    def materialise():
+        go.wait()
+        results.append(materialise_dataframe(
+            frame, None, out, image_col="content", label_col="digit", classes=None, seed=0,
+            num_workers=2, validation_fraction=0.25))
+
+    threads = [threading.Thread(target=materialise) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(500)
+    assert len(results) == 2
+    assert results[0][:2] == results[1][:2]          # the same shard folders
+    assert os.listdir(os.path.join(out, "shards")) == [os.path.basename(
+        os.path.dirname(results[0][0]))]               # no staging folder left
+    written = sum(pq.read_table(os.path.join(results[0][i], name)).num_rows
+                  for i in (0, 1) for name in os.listdir(results[0][i])
+                  if name.endswith(".parquet"))
+    assert written == rows, (written, rows)           # each row once, in one of the splits

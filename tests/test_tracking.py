@@ -293,3 +293,44 @@ def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
     assert done.returncode == 0, done.stderr[-3000:]
     predictions = json.loads(done.stdout.strip().splitlines()[-1])
     assert predictions == _expected(model, blobs[:8])[0].tolist()
+
+
+def test_calls_from_threads_share_the_process_wide_tracking_uri(tmp_path):
+    """MLflow's tracking URI is one per process: two library calls of one
+    store at once both log there until the last one leaves (the first to
+    leave used to put its caller's URI back under the other); a call of
+    another store waits for them, then the caller's URI is back."""
+    import threading
+
+    from dist_dl.tracking.target import mlflow_target
+
+    caller = mlflow.get_tracking_uri()
+    a, b = (tmp_path / "a").as_uri(), (tmp_path / "b").as_uri()
+    seen, inside, release = {}, threading.Event(), threading.Event()
+
+    def long_call():
+        with mlflow_target(a):
+            inside.set()
+            release.wait(30)
+            seen["long, at its end"] = mlflow.get_tracking_uri()
+
+    def other_store():
+        with mlflow_target(b):
+            seen["other store, entered after the long call"] = release.is_set()
+            seen["other store"] = mlflow.get_tracking_uri()
+
+    first = threading.Thread(target=long_call)
+    first.start()
+    assert inside.wait(30)
+    with mlflow_target(a):                      # a short call of the same store
+        pass
+    waiting = threading.Thread(target=other_store)
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()                   # it waits for the store a call uses
+    release.set()
+    first.join(30)
+    waiting.join(30)
+    assert seen == {"long, at its end": a, "other store, entered after the long call": True,
+                    "other store": b}
+    assert mlflow.get_tracking_uri() == caller

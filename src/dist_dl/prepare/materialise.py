@@ -5,6 +5,14 @@ to ``<output_dir>/shards/<fingerprint>/{train,validation}``, where the
 fingerprint names the DataFrame's data and the shard settings, so a later
 call with the same data reuses them instead of writing them again. Driver
 side (the writing itself runs in Spark tasks, see ``writer.py``).
+
+Each call writes into a folder of its own and publishes it under the
+fingerprint with one rename, so calls that materialise the same DataFrame at
+the same time (notebooks of one cluster, threads of one program) never write
+into one folder: the first rename wins, the others use its shards and delete
+their own copy. Until 26 Nov 2026 all of them wrote into the fingerprint's
+folder, and their part files added up: every training read each row once per
+concurrent call (found by the reliability suite's load scenario, F9).
 """
 from __future__ import annotations
 
@@ -89,26 +97,59 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
         written and skipped per split, a folder to delete after use or None:
         shards of in-memory data that no later call can reuse).
     """
-    from dist_dl.prepare.config import ShardConfig
-    from dist_dl.prepare.writer import prepare_image_dataset
-
     fingerprint = fingerprint_dataframes(df, validation, (
         image_col, label_col, classes, seed, num_workers,
         validation_fraction if validation is None else None))
     name = fingerprint or f"unnamed-{uuid.uuid4().hex[:16]}"
     root = os.path.join(output_dir, "shards", name)
     done = os.path.join(root, _DONE)
-    train_url, val_url = os.path.join(root, "train"), os.path.join(root, "validation")
     if os.path.exists(done):
-        with open(done) as f:
-            record = json.load(f)
-        print(f"dist_dl: reusing the shards of this DataFrame at {root}")
-        return train_url, (val_url if record.get("validation") else None), record["rows"], None
+        return _reused(root)
     if fingerprint is None:
         print(f"dist_dl: the DataFrame holds in-memory data (no input files identify it), so "
               f"its shards at {root} cannot be reused by a later call", flush=True)
-    if os.path.exists(root):
-        shutil.rmtree(root)  # an earlier materialisation that did not finish
+    staging = os.path.join(output_dir, "shards", f".{name}.writing-{uuid.uuid4().hex[:12]}")
+    try:
+        rows, has_validation = _write_shards(staging, df, validation, image_col=image_col,
+                                             label_col=label_col, classes=classes, seed=seed,
+                                             num_workers=num_workers,
+                                             validation_fraction=validation_fraction)
+        if os.path.exists(root) and not os.path.exists(done):
+            # Left by a call that did not finish (a library before 26 Nov
+            # 2026 wrote in place); a complete one has its marker.
+            shutil.rmtree(root, ignore_errors=True)
+        try:
+            os.rename(staging, root)
+        except OSError:
+            if not os.path.exists(done):
+                raise
+            # Another call published the same data's shards first.
+            return _reused(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return (os.path.join(root, "train"),
+            os.path.join(root, "validation") if has_validation else None, rows,
+            None if fingerprint else root)
+
+
+def _reused(root: str):
+    with open(os.path.join(root, _DONE)) as f:
+        record = json.load(f)
+    print(f"dist_dl: reusing the shards of this DataFrame at {root}")
+    return (os.path.join(root, "train"),
+            os.path.join(root, "validation") if record.get("validation") else None,
+            record["rows"], None)
+
+
+def _write_shards(folder: str, df, validation, *, image_col, label_col, classes, seed,
+                  num_workers, validation_fraction) -> tuple[dict, bool]:
+    """Write the splits under ``folder`` and its completion marker last;
+    rows in, written and skipped per split, and whether there is a
+    validation split."""
+    from dist_dl.prepare.config import ShardConfig
+    from dist_dl.prepare.writer import prepare_image_dataset
+
+    train_url, val_url = os.path.join(folder, "train"), os.path.join(folder, "validation")
     if validation is None and validation_fraction > 0:
         df, validation = df.randomSplit([1 - validation_fraction, validation_fraction],
                                         seed=seed)
@@ -127,9 +168,6 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
                                seed=seed))
         rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
                        "skipped": summary.rows_skipped}
-    tmp = done + ".tmp"
-    with open(tmp, "w") as f:
+    with open(os.path.join(folder, _DONE), "w") as f:
         json.dump({"rows": rows, "validation": validation is not None}, f)
-    os.replace(tmp, done)
-    return (train_url, (val_url if validation is not None else None), rows,
-            None if fingerprint else root)
+    return rows, validation is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 from dist_dl.locations import file_url
 
@@ -72,21 +73,66 @@ def experiment_id(name: str | None, client=None) -> str:
     return found.experiment_id if found is not None else client.create_experiment(name)
 
 
+# MLflow's tracking URI is one for the whole process (its fluent API reads a
+# module global), while its active run is per thread. Library calls made at
+# once from several threads (a notebook's thread pool of trainings) share the
+# URI under this condition: calls for the same store run together; a call for
+# another store waits until they are done. Before 26 Nov 2026 each call set
+# the URI and put "its" previous one back on leaving, so a call that ended
+# first pointed the others, still running, at the wrong store.
+_STORE = threading.Condition()
+_HOLDERS: list[tuple[int, str]] = []   # (thread id, URI) of the calls inside
+_CALLERS_URI: list[str] = []           # the URI before the first of them
+
+
+def _wanted(tracking_uri: str | None, me: int) -> str:
+    import mlflow
+
+    if tracking_uri:
+        return tracking_uri
+    mine = [uri for thread, uri in _HOLDERS if thread == me]
+    if mine:
+        return mine[-1]          # nested in a call of this thread: its store
+    return _CALLERS_URI[0] if _CALLERS_URI else mlflow.get_tracking_uri()
+
+
 @contextlib.contextmanager
 def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None):
     """Use ``tracking_uri`` (default: the current one) for the block and yield
     the id of ``experiment`` in it (see :func:`experiment_id`).
 
     The caller's tracking URI is put back afterwards; the active experiment
-    and ``MLFLOW_EXPERIMENT_ID`` are never changed.
+    and ``MLFLOW_EXPERIMENT_ID`` are never changed. While a block of another
+    thread uses another store, the block waits for it (MLflow's URI is
+    process-wide), saying so once.
     """
     import mlflow
 
-    previous = mlflow.get_tracking_uri()
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
+    me = threading.get_ident()
+    with _STORE:
+        told = False
+        while True:
+            want = _wanted(tracking_uri, me)
+            if all(uri == want for thread, uri in _HOLDERS if thread != me):
+                break
+            if not told:
+                others = sorted({uri for thread, uri in _HOLDERS if thread != me})
+                print(f"dist_dl: waiting for other calls of this process that log to "
+                      f"{', '.join(others)} (MLflow's tracking URI is one per process) "
+                      f"before logging to {want}", flush=True)
+                told = True
+            _STORE.wait(5.0)
+        if not _HOLDERS:
+            _CALLERS_URI[:] = [mlflow.get_tracking_uri()]
+        _HOLDERS.append((me, want))
+        if mlflow.get_tracking_uri() != want:
+            mlflow.set_tracking_uri(want)
     try:
         yield experiment_id(experiment)
     finally:
-        if tracking_uri:
-            mlflow.set_tracking_uri(previous)
+        with _STORE:
+            _HOLDERS.remove((me, want))
+            back = _HOLDERS[-1][1] if _HOLDERS else _CALLERS_URI.pop()
+            if mlflow.get_tracking_uri() != back:
+                mlflow.set_tracking_uri(back)
+            _STORE.notify_all()
