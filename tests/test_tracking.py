@@ -299,10 +299,12 @@ def test_calls_from_threads_share_the_process_wide_tracking_uri(tmp_path):
     """MLflow's tracking URI is one per process: two library calls of one
     store at once both log there until the last one leaves (the first to
     leave used to put its caller's URI back under the other); a call of
-    another store waits for them, then the caller's URI is back."""
+    another store waits for them, then the caller's URI is back. Where
+    MLflow's active run is one per process too (runtime 15.4's 2.13.1), a
+    call of the same store waits as well."""
     import threading
 
-    from dist_dl.tracking.target import mlflow_target
+    from dist_dl.tracking.target import mlflow_target, runs_per_thread
 
     caller = mlflow.get_tracking_uri()
     a, b = (tmp_path / "a").as_uri(), (tmp_path / "b").as_uri()
@@ -319,18 +321,25 @@ def test_calls_from_threads_share_the_process_wide_tracking_uri(tmp_path):
             seen["other store, entered after the long call"] = release.is_set()
             seen["other store"] = mlflow.get_tracking_uri()
 
+    def same_store():
+        with mlflow_target(a):
+            seen["same store, entered after the long call"] = release.is_set()
+
     first = threading.Thread(target=long_call)
     first.start()
     assert inside.wait(30)
-    with mlflow_target(a):                      # a short call of the same store
-        pass
+    together = threading.Thread(target=same_store)
+    together.start()
+    together.join(0.5)
+    assert together.is_alive() != runs_per_thread()   # waits only for per-process runs
     waiting = threading.Thread(target=other_store)
     waiting.start()
     waiting.join(0.5)
     assert waiting.is_alive()                   # it waits for the store a call uses
     release.set()
-    first.join(30)
-    waiting.join(30)
+    for thread in (first, together, waiting):
+        thread.join(30)
     assert seen == {"long, at its end": a, "other store, entered after the long call": True,
-                    "other store": b}
+                    "other store": b,
+                    "same store, entered after the long call": not runs_per_thread()}
     assert mlflow.get_tracking_uri() == caller

@@ -85,6 +85,17 @@ _HOLDERS: list[tuple[int, str]] = []   # (thread id, URI) of the calls inside
 _CALLERS_URI: list[str] = []           # the URI before the first of them
 
 
+def runs_per_thread() -> bool:
+    """Whether MLflow keeps the active run per thread. MLflow 2.21.3 and
+    2.22.1 do (``fluent._active_run_stack`` is a ThreadLocalVariable); 2.13.1,
+    runtime 15.4's, keeps one list for the process, so a call's ``end_run``
+    could end a run another thread started: there library calls that log
+    take turns (see :func:`mlflow_target`)."""
+    import mlflow.tracking.fluent as fluent
+
+    return not isinstance(getattr(fluent, "_active_run_stack", None), list)
+
+
 def _wanted(tracking_uri: str | None, me: int) -> str:
     import mlflow
 
@@ -104,22 +115,26 @@ def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None
     The caller's tracking URI is put back afterwards; the active experiment
     and ``MLFLOW_EXPERIMENT_ID`` are never changed. While a block of another
     thread uses another store, the block waits for it (MLflow's URI is
-    process-wide), saying so once.
+    process-wide), saying so once; with an MLflow whose active run is one per
+    process (:func:`runs_per_thread`), it waits for any block of another
+    thread.
     """
     import mlflow
 
     me = threading.get_ident()
+    shared = runs_per_thread()
     with _STORE:
         told = False
         while True:
             want = _wanted(tracking_uri, me)
-            if all(uri == want for thread, uri in _HOLDERS if thread != me):
+            others = sorted({uri for thread, uri in _HOLDERS if thread != me})
+            if not others or (shared and others == [want]):
                 break
             if not told:
-                others = sorted({uri for thread, uri in _HOLDERS if thread != me})
+                why = ("MLflow's tracking URI is one per process" if shared else
+                       f"MLflow {mlflow.__version__} keeps one active run per process")
                 print(f"dist_dl: waiting for other calls of this process that log to "
-                      f"{', '.join(others)} (MLflow's tracking URI is one per process) "
-                      f"before logging to {want}", flush=True)
+                      f"{', '.join(others)} ({why}) before logging to {want}", flush=True)
                 told = True
             _STORE.wait(5.0)
         if not _HOLDERS:
