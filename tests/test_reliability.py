@@ -78,6 +78,11 @@ def digits_frame(spark, folder, validation_fraction=0.0):
     return (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
             .load(train_dir).withColumn("digit", F.regexp_extract("path", r"/(\\d)/[^/]+$", 1)))
 
+def files_under(folder):
+    """Every file under ``folder``, as paths relative to it, sorted."""
+    return sorted(os.path.relpath(os.path.join(d, f), folder)
+                  for d, _, names in os.walk(folder) for f in names)
+
 def gone_within(patterns, seconds=10.0):
     """Seconds until no process matches (None if some are still there after
     ``seconds``), and what was left."""
@@ -593,8 +598,7 @@ def run(name, pause):
                               tracking_uri=os.path.join(root, "mlruns"), run_name=name)
     x = wine[features].to_numpy(dtype=np.float64)
     probas = [m.predict_proba(x).tolist() for m in ensemble.members]
-    files = [os.path.relpath(os.path.join(d, f), out_dir)
-             for d, _, fs in os.walk(out_dir) for f in fs]
+    files = files_under(out_dir)
     import mlflow
     logged = mlflow.artifacts.download_artifacts(ensemble.model_uri,
                                                  dst_path=os.path.join(root, name + "-model"))
@@ -780,8 +784,7 @@ for name in calls:
                    "artifacts": sorted(a.path for a in client.list_artifacts(r.info.run_id)),
                    "checkpoint_dir": r.data.params.get("train.checkpoint_dir")}
                   for r in found]
-listing = sorted(os.path.relpath(os.path.join(d, f), out_dir)
-                 for d, _, files in os.walk(out_dir) for f in files)
+listing = files_under(out_dir)
 print(json.dumps({"slots": slots, "rows": frame.count(), "hung": hung, "results": results,
                   "runs": runs, "listing": listing, "seconds": time.time() - began}))
 '''

@@ -12,7 +12,11 @@ the same time (notebooks of one cluster, threads of one program) never write
 into one folder: the first rename wins, the others use its shards and delete
 their own copy. Until 26 Nov 2026 all of them wrote into the fingerprint's
 folder, and their part files added up: every training read each row once per
-concurrent call (found by the reliability suite's load scenario, F9).
+concurrent call (found by the reliability suite's load scenario, F9). The
+rename is atomic on a POSIX file system (as a checkpoint's publication in
+``train/checkpoint.py``); on a FUSE mount of object storage (``/dbfs``,
+``/Volumes``) a folder's rename may be a copy, which this does not guard
+against.
 """
 from __future__ import annotations
 
@@ -146,6 +150,7 @@ def _write_shards(folder: str, df, validation, *, image_col, label_col, classes,
     """Write the splits under ``folder`` and its completion marker last;
     rows in, written and skipped per split, and whether there is a
     validation split."""
+    from dist_dl.prepare._output import write_json
     from dist_dl.prepare.config import ShardConfig
     from dist_dl.prepare.writer import prepare_image_dataset
 
@@ -168,6 +173,5 @@ def _write_shards(folder: str, df, validation, *, image_col, label_col, classes,
                                seed=seed))
         rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
                        "skipped": summary.rows_skipped}
-    with open(os.path.join(folder, _DONE), "w") as f:
-        json.dump({"rows": rows, "validation": validation is not None}, f)
+    write_json(folder, _DONE, {"rows": rows, "validation": validation is not None})
     return rows, validation is not None

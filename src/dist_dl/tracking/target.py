@@ -73,13 +73,14 @@ def experiment_id(name: str | None, client=None) -> str:
     return found.experiment_id if found is not None else client.create_experiment(name)
 
 
-# MLflow's tracking URI is one for the whole process (its fluent API reads a
-# module global), while its active run is per thread. Library calls made at
-# once from several threads (a notebook's thread pool of trainings) share the
-# URI under this condition: calls for the same store run together; a call for
-# another store waits until they are done. Before 26 Nov 2026 each call set
-# the URI and put "its" previous one back on leaving, so a call that ended
-# first pointed the others, still running, at the wrong store.
+# MLflow's tracking URI is one for the whole process (its fluent API, which
+# log_model needs, reads a module global). Library calls made at once from
+# several threads (a notebook's thread pool of trainings) share the URI under
+# this condition: calls for the same store run together (only one at a time
+# where MLflow's active run is per process too, see runs_per_thread); a call
+# for another store waits until they are done. Before 26 Nov 2026 each call
+# set the URI and put "its" previous one back on leaving, so a call that
+# ended first pointed the others, still running, at the wrong store.
 _STORE = threading.Condition()
 _HOLDERS: list[tuple[int, str]] = []   # (thread id, URI) of the calls inside
 _CALLERS_URI: list[str] = []           # the URI before the first of them
@@ -122,21 +123,21 @@ def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None
     import mlflow
 
     me = threading.get_ident()
-    shared = runs_per_thread()
+    per_thread = runs_per_thread()
     with _STORE:
         told = False
         while True:
             want = _wanted(tracking_uri, me)
             others = sorted({uri for thread, uri in _HOLDERS if thread != me})
-            if not others or (shared and others == [want]):
+            if not others or (per_thread and others == [want]):
                 break
             if not told:
-                why = ("MLflow's tracking URI is one per process" if shared else
+                why = ("MLflow's tracking URI is one per process" if per_thread else
                        f"MLflow {mlflow.__version__} keeps one active run per process")
                 print(f"dist_dl: waiting for other calls of this process that log to "
                       f"{', '.join(others)} ({why}) before logging to {want}", flush=True)
                 told = True
-            _STORE.wait(5.0)
+            _STORE.wait()   # every call's exit notifies
         if not _HOLDERS:
             _CALLERS_URI[:] = [mlflow.get_tracking_uri()]
         _HOLDERS.append((me, want))
