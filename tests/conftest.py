@@ -38,7 +38,8 @@ PROFILE_SUBSET_SLOW = frozenset({
     "tests/test_dropin.py::test_databricks_petastorm_converter_example_on_spark_tasks",
     "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
     "tests/test_dropin.py::test_workers_get_keras_2_where_keras_3_is_the_default",
-    "tests/test_ensemble.py::test_keras_members_averaged",
+    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
+    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
     "tests/test_launcher.py::test_allreduce_local_spark[horovod]",
     "tests/test_notebooks.py::test_notebook_runs_locally[03_horovod_runner]",
     "tests/test_notebooks.py::test_notebook_runs_locally[04_train_distributed_dataframe]",
@@ -69,7 +70,8 @@ PROFILE_SUBSET_164 = frozenset({
 })
 PROFILE_SUBSET_164_SLOW = frozenset({
     "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
-    "tests/test_ensemble.py::test_keras_members_averaged",
+    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
+    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
     "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
     "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
     "tests/test_launcher.py::test_timeout_spark[tensorflow]",
@@ -77,6 +79,12 @@ PROFILE_SUBSET_164_SLOW = frozenset({
     "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
     "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[tensorflow]",
     "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[tensorflow]",
+    # Keras 3 on tf.distribute (keras=3): the profiles where it runs.
+    "tests/test_train.py::test_two_workers_at_half_batch_take_the_same_steps_as_one_worker[keras3]",
+    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[keras3]",
+    "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[keras3]",
+    "tests/test_train.py::test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again[keras3]",
+    "tests/test_train.py::test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model[keras3]",
 })
 
 
@@ -91,7 +99,8 @@ SLOW_BY_DURATION = frozenset({
     "tests/test_dropin.py::test_workers_get_keras_2_where_keras_3_is_the_default",
     "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
     "tests/test_ensemble.py::test_input_is_evaluated_once_and_every_row_is_accounted_for",
-    "tests/test_ensemble.py::test_keras_members_averaged",
+    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
+    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
     "tests/test_integrity.py::test_a_member_swapped_in_the_logged_model_is_refused",
     "tests/test_integrity.py::test_a_swapped_member_is_refused_on_the_executors",
     "tests/test_launcher.py::test_allreduce_local_spark[horovod]",
@@ -147,6 +156,14 @@ def pytest_runtest_setup(item):
         if failure is not None:
             pytest.skip(f"needs {module}, which does not import here ({failure}); Databricks "
                         "Runtime 16.0 ML and later ship no Horovod and no Petastorm")
+    # The Keras 3 case of an engine-parametrized test (keras=3): where it can train.
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("engine") == "keras3":
+        from dist_dl import compat
+
+        problem = compat.keras3_training_problem()
+        if problem is not None:
+            pytest.skip(problem)
 
 
 def _needs(item) -> list[str]:

@@ -265,6 +265,60 @@ def test_restore_into_a_different_model_names_the_problem(tmp_path):
         manager.restore(other)
 
 
+def _keras3_model(seed: int, units: int = 3):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(),
+        keras.layers.Activation("relu"), keras.layers.Flatten(), keras.layers.Dense(units)])
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.mark.skipif(not compat.keras3_default(), reason="Keras 3 comes with TensorFlow 2.16+")
+def test_a_keras3_model_is_checkpointed_as_a_keras_file_and_resumes_exactly(tmp_path):
+    # keras=3 training's checkpoints: model.keras (weights, BatchNormalization's
+    # statistics, Adam's slots and step), published, signed and verified as
+    # the tf.train.Checkpoint files are.
+    key = b"k" * 32
+    manager = CheckpointManager(tmp_path / "ckpt", keep=3, key=key)
+    model = _keras3_model(seed=1)
+    _fit(model, epochs=1)
+    info = manager.save(model, 1, metadata={"run_id": "abc"})
+    assert sorted(p.name for p in info.path.iterdir()) == ["MANIFEST.json", "model.keras"]
+    assert compat.saved_keras_major(info.path / "model.keras") == 3
+
+    fresh = _keras3_model(seed=2)
+    assert resume(manager, fresh) == 1
+    _assert_same(model.get_weights(), fresh.get_weights(), rtol=0, atol=0)
+    assert int(fresh.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 4
+    _assert_same([v.numpy() for v in model.optimizer.variables],
+                 [v.numpy() for v in fresh.optimizer.variables], rtol=0, atol=0)
+    _fit(model, epochs=2, initial_epoch=1, data_seed=1)
+    _fit(fresh, epochs=2, initial_epoch=1, data_seed=1)
+    _assert_same(model.get_weights(), fresh.get_weights(), rtol=0, atol=0)
+
+    # A damaged file is skipped for the previous checkpoint, naming it.
+    second = manager.save(model, 2)
+    with open(second.path / "model.keras", "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.warns(CorruptCheckpointWarning, match="model.keras has SHA-256"):
+        assert manager.latest().path == info.path
+    # Another architecture, or a Keras 2 model, is refused with the reason.
+    with pytest.raises(ValueError, match="does not match"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptCheckpointWarning)
+        manager.restore(_keras3_model(seed=1, units=5))
+    with pytest.raises(ValueError, match="is a Keras 3 checkpoint.*keras=3"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptCheckpointWarning)
+        manager.restore(_model(seed=1))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"keep": 0}, "keep"),
     ({"directory": "dbfs:/tmp/x"}, "FUSE"),

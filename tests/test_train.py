@@ -13,15 +13,26 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import train_hooks
-from dist_dl import TrainConfig, TrainingFailed, train_distributed
+import workers
+from dist_dl import TrainConfig, TrainingFailed, compat, train_distributed
 from dist_dl.prepare import make_synthetic_images, write_digits_tree
 from dist_dl.tracking.target import mlflow_target
 
 cloudpickle.register_pickle_by_value(train_hooks)
+cloudpickle.register_pickle_by_value(workers)
 
 # Both engines; the horovod cases skip where Horovod does not import (the
 # profiles of Databricks Runtime 16.0 ML and later: conftest.py's `needs`).
+# "keras3" is the tf.distribute engine with a Keras 3 model (keras=3, its own
+# training loop); it skips where keras=3 cannot train (conftest.py): Keras 2
+# (the default profile) and Keras 3.2.1 (dbr-15.4-ml).
 ENGINES = ["horovod", "tensorflow"]
+WITH_KERAS3 = [*ENGINES, "keras3"]
+
+
+def by_engine(engine: str) -> dict:
+    """The train_distributed settings of an engine case."""
+    return {"engine": "tensorflow", "keras": 3} if engine == "keras3" else {"engine": engine}
 
 # Settings under which a run is a pure function of its inputs.
 EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
@@ -58,17 +69,19 @@ def _probed(prefix) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", WITH_KERAS3)
 def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, store, tmp_path,
                                                                       engine):
     common = dict(model=train_hooks.plain_cnn, epochs=1, tracking_uri=store,
-                  output_dir=str(tmp_path), backend="local", engine=engine, **EXACT)
+                  output_dir=str(tmp_path), backend="local", **by_engine(engine), **EXACT)
     one = train_distributed(shards, num_workers=1, batch_size=8, learning_rate=0.1, **common)
     # Learning rate 0.05 per worker, scaled by 2 workers: the same 0.1.
     two = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05, **common)
     assert one.num_workers == 1 and two.num_workers == 2
     params = MlflowClient(store).get_run(two.run_id).data.params
-    assert params["steps_per_epoch"] == "3" and params["train.engine"] == engine
+    assert params["steps_per_epoch"] == "3"
+    assert params["train.engine"] == by_engine(engine)["engine"]
+    assert params["train.keras"] == ("3" if engine == "keras3" else "2")
     difference = _max_difference(_weights(one), _weights(two))
     print(f"largest weight difference after 3 steps: {difference:.2e}")
     assert difference < 1e-5
@@ -80,7 +93,7 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     unscaled = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05,
                                  scale_learning_rate=False, **horovod_only, **common)
     assert _max_difference(_weights(one), _weights(unscaled)) > 100 * max(difference, 1e-7)
-    if engine == "tensorflow":
+    if engine != "horovod":
         return
     assert _probed(probe) == ["present", "present"]
     # All gradients in one explicit allreduce group: the same update.
@@ -93,9 +106,30 @@ def test_two_workers_at_half_batch_take_the_same_steps_as_one_worker(shards, sto
     assert _max_difference(_weights(one), _weights(arrow)) < 1e-5
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("engine", ["keras3"])
+def test_keras3_workers_agree_to_skip_a_step_whose_gradients_overflow_on_one(engine):
+    # Keras 3's LossScaleOptimizer checks each worker's own gradients and
+    # all-reduces them only where they are finite: when worker 1 overflows
+    # and worker 0 does not, worker 0 waits for an all-reduce worker 1 never
+    # joins (mixed precision hung in its first step: worker_keras3's notes).
+    # Here worker 1 goes on to the next all-reduce, which TensorFlow finds
+    # mismatched ("expected ... data_type 2 but got ... data_type 1").
+    from dist_dl.launch import JobTimeout, TFDistributeRunner, WorkerError
+
+    keras3 = {compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"}
+    with pytest.raises((JobTimeout, WorkerError), match=r"[Cc]ollective|timed out|timeout"):
+        TFDistributeRunner(np=-2, env=keras3, timeout=20).run(
+            workers.keras3_overflow_on_one_worker, agree=False)
+    # The library's scaler all-reduces the check: both skip the step and halve the scale.
+    rows = TFDistributeRunner(np=-2, env=keras3, timeout=90).run(
+        workers.keras3_overflow_on_one_worker)
+    assert rows == [[1.0, 1.0, 1.0, 2.0 ** 14]] * 2
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", WITH_KERAS3)
 def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model(
         spark, store, tmp_path, capsys, engine):
     from pyspark.sql import functions as F
@@ -111,7 +145,8 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     config = TrainConfig(model="small_cnn", image_size=32, image_col="content", label_col="digit",
                          num_workers=2, backend="spark", epochs=6, batch_size=32,
                          learning_rate=0.1, warmup_epochs=1, augment=False,
-                         eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"), engine=engine)
+                         eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"),
+                         **by_engine(engine))
     trained = train_distributed(frame(train_dir), validation=frame(val_dir), config=config,
                                 tracking_uri=store, registered_model_name="digits")
     out = capsys.readouterr().out
@@ -123,6 +158,13 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
     print("validation accuracy by epoch:", [round(a, 3) for a in history["val_accuracy"]])
     assert trained.metrics["val_accuracy"] >= 0.9
     assert trained.registered_version == 1
+    # A Keras 3 model stays one (the logged file, the checkpoints, the pyfunc's requirements).
+    keras_model = trained.keras_model()
+    assert type(keras_model).__module__.split(".")[0] == ("keras" if engine == "keras3"
+                                                          else compat.keras().__name__.split(".")[0])
+    if engine == "keras3":
+        (latest,) = [p for p in os.listdir(trained.checkpoint_dir) if p.startswith("ckpt-000006")]
+        assert "model.keras" in os.listdir(os.path.join(trained.checkpoint_dir, latest))
 
     # The executors' predictions equal the MLflow-loaded model's, on held-out images.
     held_out = frame(val_dir).select("content", "digit")
@@ -166,12 +208,12 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", WITH_KERAS3)
 def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
         shards, store, tmp_path, engine):
     common = dict(model="small_cnn", epochs=2, num_workers=2, batch_size=4, learning_rate=0.05,
-                  tracking_uri=store, output_dir=str(tmp_path), backend="local", engine=engine,
-                  **EXACT)
+                  tracking_uri=store, output_dir=str(tmp_path), backend="local",
+                  **by_engine(engine), **EXACT)
     uninterrupted = train_distributed(shards, checkpoint_dir=str(tmp_path / "a"), **common)
     log = str(tmp_path / "epochs.log")
     stopped = train_distributed(shards, checkpoint_dir=str(tmp_path / "b"),
@@ -190,14 +232,14 @@ def test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one(
 # worker killed at five points of an epoch, three times each, in one run.
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ["tensorflow"])
+@pytest.mark.parametrize("engine", ["tensorflow", "keras3"])
 def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
         shards, store, tmp_path, engine):
     log = str(tmp_path / "epochs.log")
     trained = train_distributed(
         shards, model="small_cnn", epochs=3, num_workers=2, batch_size=4, image_size=16,
-        validation_fraction=0.0, max_retries=1, backend="local", tracking_uri=store, engine=engine,
-        output_dir=str(tmp_path), callbacks=train_hooks.EpochLog(log, kill_rank=1, kill_epoch=1,
+        validation_fraction=0.0, max_retries=1, backend="local", tracking_uri=store,
+        **by_engine(engine), output_dir=str(tmp_path), callbacks=train_hooks.EpochLog(log, kill_rank=1, kill_epoch=1,
                                                                  kill_batch=1))
     assert os.path.exists(log + ".killed")
     assert trained.attempts == 2
@@ -210,14 +252,14 @@ def test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", WITH_KERAS3)
 def test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint(shards, store, tmp_path,
                                                                        engine):
     with pytest.raises(TrainingFailed, match="not retried.*Last complete checkpoint: none yet") \
             as info:
         train_distributed(shards, model=train_hooks.wrong_units, num_workers=2, batch_size=4,
                           image_size=16, validation_fraction=0.0, max_retries=2, backend="local",
-                          tracking_uri=store, output_dir=str(tmp_path), engine=engine)
+                          tracking_uri=store, output_dir=str(tmp_path), **by_engine(engine))
     assert info.value.attempts == 1 and info.value.checkpoint is None
     assert "classes" in str(info.value)  # the worker's own message: the output units
     assert MlflowClient(store).get_run(info.value.run_id).info.status == "FAILED"
@@ -268,17 +310,19 @@ def test_a_retry_waits_for_task_slots_and_fails_naming_the_wait_and_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", WITH_KERAS3)
 def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
         shards, store, tmp_path, engine):
     probe = str(tmp_path / "cycle_time")
     # fp16 gradients are Horovod's compression; tf.distribute has none (refused: see
     # test_bad_input_fails_on_the_driver_before_any_worker_or_run).
     fp16 = engine == "horovod"
+    # With Keras 3 this hung in the first step before the workers agreed on
+    # skipping a step whose gradients overflow on one of them (worker_keras3).
     trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
                                 image_size=16, validation_fraction=0.0, mixed_precision="on",
                                 fp16_allreduce=fp16, backend="local", tracking_uri=store,
-                                output_dir=str(tmp_path), engine=engine,
+                                output_dir=str(tmp_path), **by_engine(engine),
                                 callbacks=train_hooks.EnvProbe(probe, "HOROVOD_CYCLE_TIME", "5.0"))
     assert np.isfinite(trained.metrics["loss"])
     model = trained.keras_model()
@@ -362,4 +406,22 @@ def test_bad_input_fails_on_the_driver_before_any_worker_or_run(spark, shards, s
                           tracking_uri=store)
     with pytest.raises(ValueError, match=r"TrainConfig.engine must be one of"):
         train_distributed(shards, engine="mpi", tracking_uri=store)
+    # Keras 3: only where it is installed, and not on Horovod (Keras 2 only).
+    with pytest.raises(ValueError, match=r"TrainConfig.keras must be one of"):
+        train_distributed(shards, keras="3", tracking_uri=store)
+    from importlib.metadata import version
+
+    keras_version = version("keras")
+    if not compat.keras3_default():
+        with pytest.raises(ValueError, match=r"keras=3 but the keras package here is 2\..*"
+                                             r"TensorFlow 2\.16 and later.*keras=2"):
+            train_distributed(shards, keras=3, engine="tensorflow", tracking_uri=store)
+    elif compat.keras3_training_problem() is not None:  # runtime 15.4's Keras 3.2.1
+        with pytest.raises(ValueError, match=rf"needs Keras 3\.5 or later, and this is Keras "
+                                             rf"{keras_version}.*keras-team/keras#19891"):
+            train_distributed(shards, keras=3, engine="tensorflow", tracking_uri=store)
+    else:
+        with pytest.raises(ValueError, match=r"keras=3 with engine='horovod'.*horovod#4290.*"
+                                             r"engine='tensorflow'"):
+            train_distributed(shards, keras=3, engine="horovod", tracking_uri=store)
     assert runs() == 0

@@ -226,3 +226,35 @@ def keras_in_worker():
     import tensorflow as tf
 
     return os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0]
+
+
+def keras3_overflow_on_one_worker(agree: bool = True):
+    """One step of Keras 3's loss-scaling optimizer under MultiWorkerMirroredStrategy
+    in which worker 1's gradient overflows and worker 0's does not; with
+    ``agree``, the library's scaler (dist_dl.train.worker_keras3), else Keras's
+    own. Returns every worker's weights and loss scale after it. Needs
+    DIST_DL_KERAS=3 in the workers' environment."""
+    import numpy as np
+    import tensorflow as tf
+
+    from dist_dl import compat
+    from dist_dl.launch import multi_worker_strategy
+    from dist_dl.train.worker_keras3 import agreeing_loss_scale_optimizer
+
+    keras = compat.keras()
+    strategy = multi_worker_strategy()
+    rank = strategy.cluster_resolver.task_id
+    with strategy.scope():
+        weights = keras.Variable(np.ones(3, "float32"))
+        scaler = agreeing_loss_scale_optimizer() if agree else keras.optimizers.LossScaleOptimizer
+        optimizer = scaler(keras.optimizers.SGD(0.1))
+        optimizer.build([weights])
+    gradient = tf.constant([np.inf if rank == 1 else 1.0] * 3, tf.float32)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: optimizer.apply([gradient], [weights]))
+
+    step()
+    row = np.array([*np.asarray(weights.numpy()), float(np.asarray(optimizer.dynamic_scale))])
+    return _gather_rows(strategy, row).tolist()

@@ -20,6 +20,14 @@ package). Horovod 0.28.1's Keras integration works only with Keras 2
   points it at Keras 2's backend, which is what that import gave on the
   TensorFlow lines Horovod was written for.
 
+Keras 3 itself (``train_distributed(..., keras=3)``, the tf.distribute
+engine only): a worker started with ``DIST_DL_KERAS=3`` (``NATIVE_KERAS_ENV``)
+and without ``TF_USE_LEGACY_KERAS`` gets the ``keras`` package from
+``keras()``, so the same library code (model registry, callbacks,
+checkpoints, the logged model) builds and saves Keras 3 models there. A
+``.keras`` file says which Keras wrote it (``keras_version`` in its
+``metadata.json``); ``load_keras_file`` loads it with that one.
+
 Nothing here imports TensorFlow until asked for a Keras module.
 
 One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
@@ -49,11 +57,15 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["LEGACY_KERAS_ENV", "keras", "keras3_default", "worker_env", "patch_horovod_keras",
+__all__ = ["LEGACY_KERAS_ENV", "NATIVE_KERAS_ENV", "keras", "keras3_default", "native_keras3",
+           "keras3_training_problem",
+           "is_keras3_model", "saved_keras_major", "load_keras_file", "worker_env", "patch_horovod_keras",
            "require_tf_keras", "not_a_library_keras_model", "pickle_tensorflow_lazy_modules_by_name",
            "shallow_fields", "mlflow3", "model_name_argument", "logged_model_location"]
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+# Set (to "3") in the environment of a worker that trains Keras 3 models.
+NATIVE_KERAS_ENV = "DIST_DL_KERAS"
 # The TensorFlow distributions whose version names the tf-keras to install.
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel")
 # Horovod modules that bind ``K`` from the ``keras`` package at import.
@@ -108,15 +120,81 @@ def use_worker_env() -> None:
         os.environ.setdefault(name, value)
 
 
+def native_keras3() -> bool:
+    """True in a process that works with Keras 3 itself (a ``keras=3``
+    worker: ``DIST_DL_KERAS=3`` and Keras 3 installed)."""
+    return os.environ.get(NATIVE_KERAS_ENV) == "3" and keras3_default()
+
+
 def keras():
     """The Keras module the library works with: ``tf.keras`` where it is
-    Keras 2, ``tf_keras`` where Keras 3 is the default."""
+    Keras 2, ``tf_keras`` where Keras 3 is the default, and the ``keras``
+    package (Keras 3) in a process that asked for it (:func:`native_keras3`)."""
+    if native_keras3():
+        return importlib.import_module("keras")
     if keras3_default():
         require_tf_keras()
         return importlib.import_module("tf_keras")
     import tensorflow as tf
 
     return tf.keras
+
+
+def keras3_training_problem() -> str | None:
+    """Why ``train_distributed(..., keras=3)`` cannot train here, or None.
+
+    It needs Keras 3.5 or later: Keras 3.2.1 (Databricks Runtime 15.4 LTS
+    ML's) all-reduces gradients inside the optimizer's cross-replica update,
+    where there is no replica context, so under MultiWorkerMirroredStrategy
+    each worker applies its own gradient (keras-team/keras#19891; measured:
+    two workers at half the batch end 2.9e-2 away from one worker at the full
+    batch, against 6e-8 on Keras 3.5.0 and 3.11.2)."""
+    version = _version("keras")
+    if version is None or not keras3_default():
+        return (f"keras=3 but the keras package here is {version or 'not installed'}: Keras 3 "
+                "comes with TensorFlow 2.16 and later; use keras=2 with this TensorFlow")
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if major_minor < (3, 5):
+        return (f"keras=3 needs Keras 3.5 or later, and this is Keras {version} (Databricks "
+                "Runtime 15.4 LTS ML has 3.2.1): its optimizer does not sum the workers' "
+                "gradients under MultiWorkerMirroredStrategy (keras-team/keras#19891); use "
+                "keras=2 (tf-keras, with Horovod or tf.distribute) with this Keras")
+    return None
+
+
+def is_keras3_model(model) -> bool:
+    """True for a model (or layer) of the ``keras`` package where that is Keras 3."""
+    return keras3_default() and type(model).__module__.split(".")[0] == "keras"
+
+
+def saved_keras_major(path: str | os.PathLike) -> int:
+    """The major version of the Keras that wrote the ``.keras`` file ``path``
+    (from its ``metadata.json``; 2 where it says nothing)."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        try:
+            metadata = json.loads(archive.read("metadata.json"))
+        except KeyError:
+            return 2
+    version = str(metadata.get("keras_version", "2"))
+    return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 2
+
+
+def load_keras_file(path: str | os.PathLike, **kwargs):
+    """``load_model`` of the Keras that wrote ``path``: the ``keras`` package
+    for a Keras 3 file, else :func:`keras` (tf-keras where Keras 3 is the
+    default)."""
+    if saved_keras_major(path) >= 3:
+        if not keras3_default():
+            raise ValueError(f"{path} was saved by Keras 3, which is not installed here "
+                             f"(keras {_version('keras')}): load it where TensorFlow 2.16 or "
+                             "later and Keras 3 are")
+        module = importlib.import_module("keras")
+    else:
+        module = keras() if not native_keras3() else importlib.import_module("tf_keras")
+    return module.models.load_model(os.fspath(path), **kwargs)
 
 
 def not_a_library_keras_model(model) -> str:

@@ -214,6 +214,10 @@ def _requirements(kinds) -> list[str]:
     names = ["numpy", "pandas", "cloudpickle", "mlflow"]
     names += (["tensorflow-cpu", "tensorflow"]
               if set(kinds) & {"keras", "tf_keras", "tensorflow"} else [])
+    # The Keras the members were built with: the keras package (Keras 3
+    # from TensorFlow 2.16 on), or tf-keras (Keras 2 beside it).
+    names += ["keras"] if "keras" in kinds else []
+    names += ["tf-keras"] if "tf_keras" in kinds else []
     names += ["scikit-learn"] if "sklearn" in kinds else []
     reqs = []
     for name in names:

@@ -125,7 +125,10 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         with open(path + ".tmp", "wb") as f:
             # Hashed as it is written: no second copy of a big member in memory.
             out = HashingWriter(f)
-            pickle.dump(model, out, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                pickle.dump(model, out, protocol=pickle.HIGHEST_PROTOCOL)
+            except (AttributeError, TypeError, pickle.PicklingError) as exc:
+                raise ValueError(_unpicklable(member, model, exc)) from exc
         os.replace(path + ".tmp", path)
         row["path"], row["size"], row["sha256"] = path, out.size, out.hexdigest()
     row["end"] = time.time()
@@ -166,3 +169,16 @@ def predict_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequen
         out = pdf.copy()
         out[prediction_col] = scorer.predict(pdf) if len(pdf) else []
         yield out
+
+
+def _unpicklable(member: int, model, exc: Exception) -> str:
+    """Why member ``member`` could not be pickled, and what to do."""
+    from importlib.metadata import version
+
+    kind = f"{type(model).__module__}.{type(model).__name__}"
+    if compat.is_keras3_model(model):
+        return (f"member {member}: the factory built a Keras 3 model ({kind}), which Keras "
+                f"{version('keras')} cannot pickle ({exc}; Keras 3 models pickle from 3.5 on, "
+                "keras-team/keras#19554): build the members with tf.keras, which is Keras 2 "
+                "(tf-keras) in the ensemble's tasks, or use Keras 3.5 or later")
+    return f"member {member}: the fitted model ({kind}) cannot be pickled: {exc}"

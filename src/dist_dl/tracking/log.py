@@ -50,7 +50,7 @@ class LoggedModel:
         return f"models:/{self.registered_model_name}/{self.registered_version}"
 
 
-def default_pip_requirements() -> list[str]:
+def default_pip_requirements(keras3: bool = False) -> list[str]:
     """What the logged classifier needs to load, pinned to what runs here.
 
     Given explicitly so that MLflow does not infer them (inference loads the
@@ -68,7 +68,10 @@ def default_pip_requirements() -> list[str]:
                 break
             except metadata.PackageNotFoundError:
                 continue
-    if compat.keras3_default():
+    if keras3:
+        # A Keras 3 model (keras=3) loads with the keras package.
+        requirements.append(f"keras=={metadata.version('keras')}")
+    elif compat.keras3_default():
         # The model is saved with tf-keras there (see dist_dl.compat).
         requirements.append(f"tf-keras=={metadata.version('tf-keras')}")
     return requirements
@@ -93,8 +96,18 @@ def _pickled_by_value():
             cloudpickle.unregister_pickle_by_value(module)
 
 
+def _keras_of(model):
+    """The Keras module of ``model``: the ``keras`` package for a Keras 3
+    model, else the library's (:func:`dist_dl.compat.keras`)."""
+    if compat.is_keras3_model(model):
+        import keras
+
+        return keras
+    return compat.keras()
+
+
 def _detect_from_logits(model) -> bool:
-    keras = compat.keras()
+    keras = _keras_of(model)
 
     activation = getattr(model.layers[-1], "activation", None) if model.layers else None
     return activation is not keras.activations.softmax
@@ -135,7 +148,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     Returns:
         Where the model was logged (and registered).
     """
-    keras = compat.keras()
+    keras = _keras_of(model)
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
 
@@ -153,7 +166,8 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     if pip_requirements is not None and extra_pip_requirements is not None:
         raise ValueError("give pip_requirements or extra_pip_requirements, not both")
     requirements = list(pip_requirements) if pip_requirements is not None else (
-        default_pip_requirements() + list(extra_pip_requirements or []))
+        default_pip_requirements(keras3=compat.is_keras3_model(model))
+        + list(extra_pip_requirements or []))
     python_model = KerasImageClassifier(preprocessing, from_logits=from_logits, image_col=image_col,
                                         class_names=class_names, batch_size=batch_size)
     signature = ModelSignature(

@@ -73,16 +73,22 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context) -> None:
-        # dist_dl.compat.keras(), in short: this class is pickled by value into
-        # the logged model, which loads where dist_dl is not installed. The
-        # model was saved with tf-keras where Keras 3 is TensorFlow's default.
-        try:
-            import tf_keras as keras
-        except ImportError:
-            import tensorflow as tf
+        # dist_dl.compat.load_keras_file, in short: this class is pickled by
+        # value into the logged model, which loads where dist_dl is not
+        # installed. The file says which Keras wrote it: Keras 3 (keras=3
+        # training), or Keras 2, which is tf-keras where Keras 3 is
+        # TensorFlow's default.
+        path = context.artifacts[KERAS_ARTIFACT]
+        if _saved_by_keras3(path):
+            import keras
+        else:
+            try:
+                import tf_keras as keras
+            except ImportError:
+                import tensorflow as tf
 
-            keras = tf.keras
-        self._model = keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+                keras = tf.keras
+        self._model = keras.models.load_model(path, compile=False)
 
     def set_keras_model(self, model) -> None:
         """Use ``model`` directly (in-process use without MLflow loading)."""
@@ -129,3 +135,16 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         if self.from_logits:
             outputs = tf.nn.softmax(outputs, axis=-1)
         return outputs.numpy().astype("float64")
+
+
+def _saved_by_keras3(path: str) -> bool:
+    """Whether the ``.keras`` file was written by Keras 3 (its metadata.json)."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        try:
+            version = str(json.loads(archive.read("metadata.json")).get("keras_version", "2"))
+        except KeyError:
+            return False
+    return version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 3

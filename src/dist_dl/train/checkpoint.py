@@ -11,6 +11,13 @@ read. The format, in ``directory``::
                                  with a key, an HMAC of all that
     .tmp-ckpt-000004-<uuid>/     a write in progress (or one a crash left)
 
+A Keras 3 model (``train_distributed(..., keras=3)``) is saved in Keras 3's
+own ``.keras`` format instead of the two ``state`` files: ``model.keras``
+(``model.save``: architecture, weights and the compiled optimizer's state),
+published, verified and signed in the same way, and restored into the
+model (and its optimizer) with ``model.load_weights``, which also refuses
+a file whose variables do not match.
+
 Why ``tf.train.Checkpoint`` rather than ``model.save_weights`` plus a copy of
 the optimizer's variables: it saves both in one consistent write, matches the
 model's variables by their place in the object graph (model -> layer ->
@@ -83,6 +90,7 @@ MANIFEST = "MANIFEST.json"
 _SIGNATURE = "signature"
 FORMAT_VERSION = 1
 _STATE_PREFIX = "state"
+KERAS_STATE = "model.keras"  # a Keras 3 model's checkpoint (see the module's notes)
 _NAME = re.compile(r"^ckpt-(\d{6,})-(\d+)$")
 _TMP_PREFIX = ".tmp-ckpt-"
 
@@ -171,8 +179,6 @@ class CheckpointManager:
         Returns:
             The published checkpoint.
         """
-        import tensorflow as tf
-
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0 (epochs completed), got {epoch!r}")
         metadata = dict(metadata or {})
@@ -191,7 +197,7 @@ class CheckpointManager:
         tmp = self.directory / f"{_TMP_PREFIX}{epoch:06d}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            tf.train.Checkpoint(**_trackables(model, optimizer)).write(str(tmp / _STATE_PREFIX))
+            _write_state(tmp, model, optimizer)
             files = {}
             for path in sorted(tmp.iterdir()):
                 _fsync_file(path)
@@ -269,7 +275,8 @@ class CheckpointManager:
         if self._key is not None:
             self._check_signature(path, manifest)
         files = manifest.get("files") or {}
-        if not any(name.startswith(_STATE_PREFIX + ".index") for name in files):
+        if not any(name.startswith(_STATE_PREFIX + ".index") or name == KERAS_STATE
+                   for name in files):
             raise ValueError(f"checkpoint {path}: {MANIFEST} lists no state files")
         for name, expected in sorted(files.items()):
             file = path / name
@@ -374,12 +381,15 @@ class CheckpointManager:
         if optimizer is not None:
             _build_optimizer(optimizer, model)
         try:
-            status = tf.train.Checkpoint(**_trackables(model, optimizer)).read(
-                str(info.path / _STATE_PREFIX))
-            if optimizer is not None:
-                status.assert_consumed()
+            if (info.path / KERAS_STATE).is_file():
+                _read_keras3_state(info.path / KERAS_STATE, model, optimizer)
             else:
-                status.expect_partial().assert_existing_objects_matched()
+                status = tf.train.Checkpoint(**_trackables(model, optimizer)).read(
+                    str(info.path / _STATE_PREFIX))
+                if optimizer is not None:
+                    status.assert_consumed()
+                else:
+                    status.expect_partial().assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as exc:
             # A variable of another shape fails in read(); a missing or extra
             # one in the assertion.
@@ -520,13 +530,47 @@ def save_as_peer(model, *, optimizer=None, include_optimizer: bool = True) -> No
     tf.distribute worker that does not write: the same variables read in the
     same order (joining the writer's all-reduces), written to a temporary
     local folder that is removed at once."""
-    import tensorflow as tf
-
     optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
     if optimizer is not None:
         _build_optimizer(optimizer, model)
     with tempfile.TemporaryDirectory(prefix="dist_dl-peer-checkpoint-") as tmp:
-        tf.train.Checkpoint(**_trackables(model, optimizer)).write(os.path.join(tmp, _STATE_PREFIX))
+        _write_state(Path(tmp), model, optimizer)
+
+
+def _write_state(folder: Path, model, optimizer) -> None:
+    """The model's (and optimizer's) state into ``folder``: ``model.keras``
+    for a Keras 3 model, else a ``tf.train.Checkpoint``'s files."""
+    if compat.is_keras3_model(model):
+        _keras3_optimizer(model, optimizer)
+        model.save(str(folder / KERAS_STATE))
+        return
+    import tensorflow as tf
+
+    tf.train.Checkpoint(**_trackables(model, optimizer)).write(str(folder / _STATE_PREFIX))
+
+
+def _keras3_optimizer(model, optimizer) -> None:
+    # model.save and load_weights handle the optimizer the model was compiled
+    # with, and no other.
+    if optimizer is not None and optimizer is not getattr(model, "optimizer", None):
+        raise ValueError("a Keras 3 model's checkpoint (model.keras) holds the optimizer the "
+                         "model was compiled with: compile it with this optimizer "
+                         "(model.compile(optimizer=...)) instead of passing optimizer=")
+
+
+def _read_keras3_state(path: Path, model, optimizer) -> None:
+    """Restore a Keras 3 model (and the optimizer it was compiled with, if
+    ``optimizer``) from a ``model.keras`` checkpoint."""
+    if not compat.is_keras3_model(model):
+        raise ValueError(f"{path} is a Keras 3 checkpoint and the model is not a Keras 3 model "
+                         f"({type(model).__module__}.{type(model).__name__}): train with "
+                         "keras=3, or resume into another checkpoint_dir")
+    _keras3_optimizer(model, optimizer)
+    if optimizer is None and getattr(model, "optimizer", None) is not None:
+        raise ValueError("include_optimizer=False: restoring a Keras 3 checkpoint into a "
+                         "compiled model also restores its optimizer; restore into the model "
+                         "before compiling it")
+    model.load_weights(str(path))
 
 
 def _optimizer_of(model, optimizer):

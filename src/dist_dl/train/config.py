@@ -45,6 +45,19 @@ class TrainConfig:
             for runtimes without Horovod, Databricks Runtime 16.0 ML and
             later) or ``"auto"`` (default): Horovod where
             ``horovod.tensorflow`` imports, else tf.distribute.
+        keras: ``2`` (default): the model is a Keras 2 model (``tf.keras``
+            up to TensorFlow 2.15, the ``tf-keras`` package from 2.16 on, as
+            Horovod needs); ``3``: a Keras 3 model (the ``keras`` package,
+            3.5 or later: runtime 16.4 LTS ML's and later; 3.2.1, runtime
+            15.4's, does not sum the workers' gradients under the strategy,
+            keras-team/keras#19891), trained by the tf.distribute engine
+            with a training loop of the library's own (Keras 3's ``fit``
+            does not work under MultiWorkerMirroredStrategy:
+            keras-team/keras#20585); every BatchNormalization layer is made
+            synchronized (Keras 3 would let its moving statistics drift apart
+            per worker), and mixed precision's overflow check is agreed by
+            all workers (see :mod:`dist_dl.train.worker_keras3`).
+            ``engine="auto"`` picks tf.distribute for it.
         backend: ``"spark"``: Spark tasks (``HorovodRunner(np=num_workers)``);
             ``"local"``: processes on the driver machine (``np=-num_workers``);
             ``"auto"`` (default): local processes when Spark's master is
@@ -135,6 +148,7 @@ class TrainConfig:
 
     num_workers: int = setting(2, low=1)
     engine: str = setting("auto", choices=ENGINES)
+    keras: int = setting(2, choices=(2, 3))
     backend: str = setting("auto", choices=BACKENDS)
     threads_per_worker: int | None = setting(None, low=1)
     pin_cpus: bool = setting(False)

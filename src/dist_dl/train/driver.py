@@ -120,13 +120,12 @@ class TrainedModel:
     def keras_model(self):
         """The trained Keras model (float32, logits out), loaded from the run."""
         import mlflow.artifacts
-        keras = compat.keras()
 
         from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
-        return keras.models.load_model(path, compile=False)
+        return compat.load_keras_file(path, compile=False)
 
 
 def train_distributed(data, *, config: TrainConfig | None = None, validation=None,
@@ -343,6 +342,16 @@ def _engine(cfg: TrainConfig) -> str:
     # auto_engine() imports Horovod (and TensorFlow): at most once, and not
     # for an explicit engine="tensorflow".
     engine = cfg.engine
+    if cfg.keras == 3:
+        problem = compat.keras3_training_problem()
+        if problem is not None:
+            raise ValueError(problem)
+        if engine == "horovod":
+            raise ValueError(
+                "keras=3 with engine='horovod': Horovod's Keras integration works with Keras 2 "
+                "only (horovod#4290); use engine='tensorflow' (or 'auto') for a Keras 3 model, "
+                "or keras=2 (tf-keras) with Horovod")
+        engine = "tensorflow"
     if engine == "auto":
         engine = auto_engine()
     elif engine == "horovod" and auto_engine() != "horovod":
@@ -452,7 +461,13 @@ def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.launch import HorovodRunner, JobTimeout, TFDistributeRunner, WorkerError
     from dist_dl.quiet import quiet_env
 
-    if cfg.engine == "tensorflow":
+    if cfg.keras == 3:
+        from dist_dl.train.worker_keras3 import train_worker_keras3 as train_worker
+        # Keras 3 as tf.keras and as the library's Keras in every worker
+        # (dist_dl.compat): not the launcher's default tf-keras.
+        runner_class = TFDistributeRunner
+        env = {**quiet_env(), compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"}
+    elif cfg.engine == "tensorflow":
         from dist_dl.train.worker_tf import train_worker_tf as train_worker
         runner_class, env = TFDistributeRunner, quiet_env()
     else:

@@ -214,10 +214,12 @@ def _rank0_callbacks(spec: WorkerSpec, size: int) -> list:
 
 
 def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int,
-                 initial_epoch: int, reader, mixed: bool, weights_everywhere: bool = False):
+                 initial_epoch: int, reader, mixed: bool, weights_everywhere: bool = False,
+                 fit: Callable[[list], None] | None = None):
     """``fit`` from ``initial_epoch`` (the user's callbacks last), then rank 0
     logs the model into the run the driver created (and will close).
-    ``weights_everywhere``: every worker reads the final weights (tf.distribute)."""
+    ``weights_everywhere``: every worker reads the final weights (tf.distribute).
+    ``fit(callbacks)``: a training loop of one's own instead of ``model.fit``."""
     import mlflow
 
     cfg = spec.config
@@ -228,7 +230,9 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
         if spec.registry_uri:
             mlflow.set_registry_uri(spec.registry_uri)
     with mlflow.start_run(run_id=spec.run_id) if rank == 0 else contextlib.nullcontext():
-        if initial_epoch < cfg.epochs:
+        if initial_epoch < cfg.epochs and fit is not None:
+            fit(callbacks)
+        elif initial_epoch < cfg.epochs:
             model.fit(train_data, epochs=cfg.epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=spec.train_steps, callbacks=callbacks, verbose=0)
         weights = model.get_weights() if weights_everywhere else None
@@ -347,8 +351,11 @@ def _learning_rate_callback(tf, schedule):
     class LearningRate(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if logs is not None:
-                logs["learning_rate"] = schedule.value_at(
-                    int(self.model.optimizer.iterations.numpy()))
+                # The inner optimizer's steps under loss scaling (Keras 3.5's
+                # LossScaleOptimizer counts none of its own).
+                optimizer = self.model.optimizer
+                optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+                logs["learning_rate"] = schedule.value_at(int(optimizer.iterations.numpy()))
 
     return LearningRate()
 

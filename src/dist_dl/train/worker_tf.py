@@ -45,34 +45,10 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.launch.device import launcher_place
-    from dist_dl.launch.tfdist import multi_worker_strategy
-    from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
-    from dist_dl.train.timing import step_timer
+    from dist_dl.train.checkpoint import resume
 
     cfg = spec.config
-    place = launcher_place(os.environ)
-    if place is None or "TF_CONFIG" not in os.environ:
-        raise RuntimeError("train_worker_tf runs on the workers of TFDistributeRunner, which set "
-                           "TF_CONFIG; this process has none")
-    rank, local_rank = place.rank, place.local_rank
-    # Devices and precision before the strategy: it configures the runtime.
-    mixed = _pin_devices_and_precision(tf, cfg, local_rank)
-    strategy = multi_worker_strategy()
-    size = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
-    if strategy.num_replicas_in_sync != size:
-        raise RuntimeError(
-            f"{strategy.num_replicas_in_sync} replicas for {size} workers: each worker must see "
-            "one device (the launcher shows each worker one GPU; a worker that sees several "
-            "would take more than its share of each batch)")
-    if cfg.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(cfg.seed + rank)
-
-    reader = _reader_config(cfg)
-    schedule = _schedule(cfg, size, spec.train_steps)
-    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
-                                key=spec.checkpoint_key)
+    strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)
     with strategy.scope():
         model = _build(spec, mixed)
         optimizer = keras.optimizers.SGD(schedule, momentum=cfg.momentum)
@@ -83,8 +59,25 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
         # Every worker reads the shared folder itself (the optimizer's slots
         # are created here, under the scope, on all workers at once).
         initial_epoch = resume(manager, model, broadcast=False)
+    train_data, callbacks = _data_and_callbacks(tf, spec, strategy, reader, schedule, manager,
+                                                rank, size, initial_epoch, mixed, "tf.distribute")
+    # The final weights are read on every worker: see the module's notes.
+    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed,
+                        weights_everywhere=True)
+
+
+def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manager, rank: int,
+                        size: int, initial_epoch: int, mixed: bool, engine: str):
+    """After resume, on every tf.distribute worker: the check that all
+    resumed after the same epoch, the attempt's first line, this worker's
+    training data, and the callbacks (the collective ones in the same order
+    on every worker, then rank 0's)."""
+    from dist_dl.train.checkpoint import CheckpointCallback
+    from dist_dl.train.timing import step_timer
+
+    cfg = spec.config
     _same_everywhere(tf, strategy, initial_epoch, size, spec.checkpoint_dir)
-    _log(rank, f"attempt {spec.attempt}: {size} workers (tf.distribute), "
+    _log(rank, f"attempt {spec.attempt}: {size} workers ({engine}), "
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
                f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
                f"{'mixed' if mixed else 'float32'} precision)")
@@ -92,8 +85,6 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     # called once on this worker (one input pipeline, one replica).
     train_data = strategy.distribute_datasets_from_function(
         lambda _: _train_data(spec, reader, rank, size, initial_epoch))
-
-    # Every worker runs the collective callbacks in the same order.
     callbacks = []
     if spec.val_files:
         val_data = strategy.distribute_datasets_from_function(
@@ -110,9 +101,40 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
                                      writer=rank == 0, peers=True)]
     if rank == 0:
         callbacks += _rank0_callbacks(spec, size)
-    # The final weights are read on every worker: see the module's notes.
-    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed,
-                        weights_everywhere=True)
+    return train_data, callbacks
+
+
+def _start(tf, spec: WorkerSpec):
+    """This worker's strategy, rank, number of workers, precision, reader
+    settings, learning-rate schedule and checkpoint manager: devices and
+    precision first (the strategy configures the runtime), then
+    MultiWorkerMirroredStrategy from ``TF_CONFIG``, one replica per worker,
+    determinism and per-rank seeds."""
+    from dist_dl.launch.device import launcher_place
+    from dist_dl.launch.tfdist import multi_worker_strategy
+    from dist_dl.train.checkpoint import CheckpointManager
+
+    cfg = spec.config
+
+    place = launcher_place(os.environ)
+    if place is None or "TF_CONFIG" not in os.environ:
+        raise RuntimeError("this training loop runs on the workers of TFDistributeRunner, which "
+                           "set TF_CONFIG; this process has none")
+    mixed = _pin_devices_and_precision(tf, cfg, place.local_rank)
+    strategy = multi_worker_strategy()
+    size = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+    if strategy.num_replicas_in_sync != size:
+        raise RuntimeError(
+            f"{strategy.num_replicas_in_sync} replicas for {size} workers: each worker must see "
+            "one device (the launcher shows each worker one GPU; a worker that sees several "
+            "would take more than its share of each batch)")
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    compat.keras().utils.set_random_seed(cfg.seed + place.rank)
+    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
+                                key=spec.checkpoint_key)
+    return (strategy, place.rank, size, mixed, _reader_config(cfg),
+            _schedule(cfg, size, spec.train_steps), manager)
 
 
 def _same_everywhere(tf, strategy, epoch: int, size: int, checkpoint_dir: str) -> None:
