@@ -99,7 +99,8 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
 def synchronize_batch_norm(model) -> int:
     """Make every Keras 3 BatchNormalization layer of ``model`` (nested ones
     too) compute its batch statistics over all replicas; returns how many."""
-    keras = compat.keras()
+    import keras
+
     layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
               if isinstance(layer, keras.layers.BatchNormalization)]
     for layer in layers:
@@ -110,12 +111,13 @@ def synchronize_batch_norm(model) -> int:
 def agreeing_loss_scale_optimizer():
     """Keras 3's ``LossScaleOptimizer`` whose overflow check is the same on
     every replica (see the module's notes): a step is skipped everywhere
-    when any replica's gradients overflow. (A class of the process's Keras
-    3, made on first use.)"""
+    when any replica's gradients overflow. For a training loop of one's own
+    too (``TFDistributeRunner`` with ``env={"TF_USE_LEGACY_KERAS": "0"}``).
+    (A subclass of the ``keras`` package's, made on first use.)"""
     global _AGREEING
     if _AGREEING is None:
+        import keras
         import tensorflow as tf
-        keras = compat.keras()
 
         @keras.saving.register_keras_serializable(package="dist_dl")
         class AgreeingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
