@@ -277,7 +277,8 @@ def _keras3_model(seed: int, units: int = 3):
     return model
 
 
-@pytest.mark.skipif(not compat.keras3_default(), reason="Keras 3 comes with TensorFlow 2.16+")
+@pytest.mark.skipif(compat.keras3_training_problem() is not None,
+                    reason=str(compat.keras3_training_problem()))
 def test_a_keras3_model_is_checkpointed_as_a_keras_file_and_resumes_exactly(tmp_path):
     # keras=3 training's checkpoints: model.keras (weights, BatchNormalization's
     # statistics, Adam's slots and step), published, signed and verified as

@@ -187,6 +187,23 @@ def test_worker_killed_by_signal_is_named(engine):
     assert "SIGKILL" in str(info.value) and "about to die" in str(info.value)
 
 
+@pytest.mark.timeout(60)
+def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
+    # A worker SIGKILLed in an allreduce and its peer failing because of it
+    # (exit code 1) are often both seen at the next poll: the signal is named.
+    from dist_dl.launch.processes import WorkerProcesses
+
+    procs = WorkerProcesses(feed=lambda line: None)
+    procs.procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
+                   subprocess.Popen([sys.executable, "-c",
+                                     "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])]
+    for proc in procs.procs:
+        proc.wait(30)
+    assert procs.wait(None) == ((1, -9), False)
+    procs.procs = procs.procs[:1]
+    assert procs.wait(None) == ((0, 1), False)
+
+
 @engines
 @pytest.mark.timeout(120)
 def test_timeout_local(engine):

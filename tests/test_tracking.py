@@ -3,6 +3,7 @@ model it came from, on real JPEG bytes; registration; params and metrics."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -33,8 +34,12 @@ def digit_jpegs(count: int = 40):
     return blobs, digits.target[:count].astype("int32")
 
 
-def small_classifier(softmax: bool = False):
-    keras = compat.keras()
+def small_classifier(softmax: bool = False, keras3: bool = False):
+    # keras3: a model of the keras package (Keras 3 from TensorFlow 2.16 on).
+    if keras3:
+        import keras
+    else:
+        keras = compat.keras()
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
@@ -286,6 +291,35 @@ def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
     model, blobs, _ = trained
     logged = log_keras_classifier(model, SPEC)
     local = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tracking / "dl"))
+    inputs = tracking / "blobs.json"
+    inputs.write_text(json.dumps([b.hex() for b in blobs[:8]]))
+    done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DIST_DL, local, str(inputs)],
+                          capture_output=True, text=True, timeout=200, cwd=str(tracking))
+    assert done.returncode == 0, done.stderr[-3000:]
+    predictions = json.loads(done.stdout.strip().splitlines()[-1])
+    assert predictions == _expected(model, blobs[:8])[0].tolist()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(compat.keras3_training_problem() is not None,
+                    reason=str(compat.keras3_training_problem()))
+def test_a_keras3_model_is_logged_as_one_and_loads_where_dist_dl_is_not_installed(tracking):
+    # What train_distributed(keras=3) logs: a .keras file of Keras 3, loaded by
+    # the pyfunc with Keras 3, its requirements pinning keras rather than tf-keras.
+    import json
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    blobs, labels = digit_jpegs()
+    model = small_classifier(keras3=True)
+    assert compat.is_keras3_model(model)
+    model.fit(decode_images(blobs, SPEC), labels, epochs=3, batch_size=10, verbose=0)
+    logged = log_keras_classifier(model, SPEC)
+    local = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tracking / "dl"))
+    requirements = (Path(local) / "requirements.txt").read_text().split()
+    assert f"keras=={version('keras')}" in requirements
+    assert not any(r.startswith("tf-keras") for r in requirements)
     inputs = tracking / "blobs.json"
     inputs.write_text(json.dumps([b.hex() for b in blobs[:8]]))
     done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DIST_DL, local, str(inputs)],

@@ -60,13 +60,17 @@ class WorkerProcesses:
 
         Returns:
             ((rank, exit code) of the first failed worker or None, whether the
-            deadline passed).
+            deadline passed). Of workers seen failed at the same poll, one
+            killed by a signal comes first: a worker SIGKILLed in an allreduce
+            makes its peer fail too (exit code 1), often within the 50 ms
+            between two polls, and the peer is the consequence, not the cause
+            (the reliability suite's F1 once reported the peer).
         """
         while True:
             codes = [p.poll() for p in self.procs]
             failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                return failed[0], False
+                return min(failed, key=lambda failure: (failure[1] >= 0, failure[0])), False
             if all(c == 0 for c in codes) or stop():
                 return None, False
             if deadline is not None and time.monotonic() > deadline:
