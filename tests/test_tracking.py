@@ -284,20 +284,25 @@ print(json.dumps(result["prediction"].tolist()))
 
 @pytest.mark.timeout(240)
 def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
+    model, blobs, _ = trained
+    logged = log_keras_classifier(model, SPEC)
+    local = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tracking / "dl"))
+    assert _predicted_without_dist_dl(local, blobs[:8], tracking) == \
+        _expected(model, blobs[:8])[0].tolist()
+
+
+def _predicted_without_dist_dl(local: str, blobs, tracking) -> list:
+    """The logged model's predictions, loaded in a Python where dist_dl does not import."""
     import json
     import subprocess
     import sys
 
-    model, blobs, _ = trained
-    logged = log_keras_classifier(model, SPEC)
-    local = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tracking / "dl"))
     inputs = tracking / "blobs.json"
-    inputs.write_text(json.dumps([b.hex() for b in blobs[:8]]))
+    inputs.write_text(json.dumps([b.hex() for b in blobs]))
     done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DIST_DL, local, str(inputs)],
                           capture_output=True, text=True, timeout=200, cwd=str(tracking))
     assert done.returncode == 0, done.stderr[-3000:]
-    predictions = json.loads(done.stdout.strip().splitlines()[-1])
-    assert predictions == _expected(model, blobs[:8])[0].tolist()
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.timeout(240)
@@ -306,9 +311,6 @@ def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
 def test_a_keras3_model_is_logged_as_one_and_loads_where_dist_dl_is_not_installed(tracking):
     # What train_distributed(keras=3) logs: a .keras file of Keras 3, loaded by
     # the pyfunc with Keras 3, its requirements pinning keras rather than tf-keras.
-    import json
-    import subprocess
-    import sys
     from importlib.metadata import version
 
     blobs, labels = digit_jpegs()
@@ -320,13 +322,8 @@ def test_a_keras3_model_is_logged_as_one_and_loads_where_dist_dl_is_not_installe
     requirements = (Path(local) / "requirements.txt").read_text().split()
     assert f"keras=={version('keras')}" in requirements
     assert not any(r.startswith("tf-keras") for r in requirements)
-    inputs = tracking / "blobs.json"
-    inputs.write_text(json.dumps([b.hex() for b in blobs[:8]]))
-    done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DIST_DL, local, str(inputs)],
-                          capture_output=True, text=True, timeout=200, cwd=str(tracking))
-    assert done.returncode == 0, done.stderr[-3000:]
-    predictions = json.loads(done.stdout.strip().splitlines()[-1])
-    assert predictions == _expected(model, blobs[:8])[0].tolist()
+    assert _predicted_without_dist_dl(local, blobs[:8], tracking) == \
+        _expected(model, blobs[:8])[0].tolist()
 
 
 def test_calls_from_threads_share_the_process_wide_tracking_uri(tmp_path):
