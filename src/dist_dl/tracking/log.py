@@ -148,6 +148,8 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     Returns:
         Where the model was logged (and registered).
     """
+    if compat.is_keras3_model(model) and compat.keras3_training_problem() is not None:
+        raise ValueError(compat.not_a_library_keras_model(model))
     keras = _keras_of(model)
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
