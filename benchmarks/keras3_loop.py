@@ -16,7 +16,7 @@ usage: keras3_loop.py pair <out_prefix>          (both workers, then their weigh
        keras3_loop.py single 0 - <out_prefix>    (one process on the global batch)
 env knobs:
   MODEL=conv|bn|syncbn|resnet   STEPS=N   OPT=sgd|adam   MP=1 (mixed_float16 + LossScaleOptimizer)
-  AGREE=1 (the overflow check all-reduced)   SHOW_FINITE=1 (print each worker's overflow check)
+  AGREE=1 (the library's scaler: the overflow check all-reduced)   SHOW_FINITE=1 (print each worker's overflow check)
   SAVE=path.keras (rank 0 saves there, others to a temp path)   LOAD=path.keras (start from saved model)
   GB=global batch (default 16)   HALF=1 (single: worker 0's half only: the no-all-reduce control)
 """
@@ -117,19 +117,6 @@ def build():
                keras.layers.Activation("linear", dtype="float32")]
     return keras.Sequential(layers)
 
-class AgreeingLSO(keras.optimizers.LossScaleOptimizer):
-    """AGREE=1: the overflow check all-reduced, so every worker takes the same branch."""
-    def check_finite(self, grads):
-        finite = super().check_finite(grads)
-        ctx = tf.distribute.get_replica_context()
-        if ctx is None or ctx.num_replicas_in_sync == 1:
-            return finite
-        bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
-        if os.environ.get("SHOW_FINITE"):
-            tf.print("[finite] local", finite, "workers with overflow", bad)
-        return tf.equal(bad, 0.0)
-
-
 class ShowingLSO(keras.optimizers.LossScaleOptimizer):
     """SHOW_FINITE=1 without AGREE: print each worker's local overflow check."""
     def check_finite(self, grads):
@@ -141,7 +128,9 @@ class ShowingLSO(keras.optimizers.LossScaleOptimizer):
 def make_opt():
     o = keras.optimizers.SGD(0.1) if OPT == "sgd" else keras.optimizers.Adam(1e-2)
     if (MP or LSO) and not os.environ.get("NOLSO"):
-        cls = AgreeingLSO if os.environ.get("AGREE") else (
+        if os.environ.get("AGREE"):  # the library's scaler (dist_dl.train.worker_keras3)
+            from dist_dl.train.worker_keras3 import agreeing_loss_scale_optimizer
+        cls = agreeing_loss_scale_optimizer() if os.environ.get("AGREE") else (
             ShowingLSO if os.environ.get("SHOW_FINITE") else keras.optimizers.LossScaleOptimizer)
         o = cls(o, initial_scale=float(os.environ.get("LS_INIT", 2**15)))
     return o

@@ -86,7 +86,8 @@ def _pickled_by_value():
 
     from dist_dl.tracking import preprocess, pyfunc
 
-    modules = (pyfunc, preprocess)
+    # compat: for saved_keras_major, which the pyfunc calls when it loads.
+    modules = (pyfunc, preprocess, compat)
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
     try:

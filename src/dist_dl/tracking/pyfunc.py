@@ -21,6 +21,9 @@ from typing import Sequence
 import mlflow.pyfunc
 import pandas as pd
 
+# saved_keras_major travels by value with the logged model, as this module
+# does (tracking.log._pickled_by_value), so it loads without dist_dl.
+from dist_dl.compat import saved_keras_major
 from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
 
 __all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
@@ -75,11 +78,11 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         # dist_dl.compat.load_keras_file, in short: this class is pickled by
         # value into the logged model, which loads where dist_dl is not
-        # installed. The file says which Keras wrote it: Keras 3 (keras=3
+        # installed (so is saved_keras_major). The file says which Keras wrote it: Keras 3 (keras=3
         # training), or Keras 2, which is tf-keras where Keras 3 is
         # TensorFlow's default.
         path = context.artifacts[KERAS_ARTIFACT]
-        if _saved_by_keras3(path):
+        if saved_keras_major(path) >= 3:
             import keras
         else:
             try:
@@ -136,15 +139,3 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
             outputs = tf.nn.softmax(outputs, axis=-1)
         return outputs.numpy().astype("float64")
 
-
-def _saved_by_keras3(path: str) -> bool:
-    """Whether the ``.keras`` file was written by Keras 3 (its metadata.json)."""
-    import json
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive:
-        try:
-            version = str(json.loads(archive.read("metadata.json")).get("keras_version", "2"))
-        except KeyError:
-            return False
-    return version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 3
