@@ -125,3 +125,104 @@ def test_an_embedded_session_leaves_no_scratch_folder_behind(tmp_path):
     local_dir = result.stdout.strip().splitlines()[-1]
     assert local_dir.startswith(str(tmp_path)), local_dir
     assert not os.path.exists(os.path.dirname(local_dir)), os.listdir(tmp_path)
+
+
+def _zip_with(path, source: str) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("zipped_for_test/__init__.py", "")
+        archive.writestr("zipped_for_test/value.py", source)
+
+
+@pytest.mark.timeout(60)
+def test_a_python_worker_rereads_a_zip_on_sys_path_only_when_it_changed(tmp_path, monkeypatch):
+    """PySpark's worker invalidates import caches before every task, which
+    re-reads every zip importer's archive on Python 3.10-3.11 (pyspark.zip's
+    ~800 entries, once per package imported from it); after
+    prepare_python_worker only a changed archive is re-read, and a module
+    added to it is still found."""
+    import importlib
+    import sys
+    import zipimport
+
+    from dist_dl.pyworker import _reread_changed_archives_only
+
+    if not hasattr(zipimport.zipimporter, "invalidate_caches") or sys.version_info >= (3, 12):
+        pytest.skip("zip importers re-read lazily from Python 3.12 (cpython gh-103200)")
+    monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches",
+                        zipimport.zipimporter.invalidate_caches)
+    archive = tmp_path / "bundle.zip"
+    _zip_with(archive, "VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    for name in ("zipped_for_test", "zipped_for_test.value", "zipped_for_test.extra"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import zipped_for_test.value as value
+
+    assert value.VALUE == 1
+    reads = []
+    original_read = zipimport._read_directory
+    monkeypatch.setattr(zipimport, "_read_directory",
+                        lambda path: reads.append(path) or original_read(path))
+    importlib.invalidate_caches()
+    before = len(reads)
+    assert before >= 2, "without the change every zip importer of the archive re-reads it"
+
+    _reread_changed_archives_only()
+    _reread_changed_archives_only()  # idempotent
+    importlib.invalidate_caches()  # each importer's first call still reads
+    reads.clear()
+    for _ in range(3):
+        importlib.invalidate_caches()
+    assert reads == [], reads
+
+    # The archive rewritten with one more module (another size and time): read again.
+    import zipfile
+
+    time.sleep(0.01)
+    with zipfile.ZipFile(archive, "a") as bundle:
+        bundle.writestr("zipped_for_test/extra.py", "EXTRA = 2\n")
+    importlib.invalidate_caches()
+    assert reads and all(r == str(archive) for r in reads), reads
+    from zipped_for_test import extra
+
+    assert extra.EXTRA == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_task_function_prepares_its_python_worker_and_the_driver_is_left_alone(spark):
+    """In a Spark task, prepare_python_worker freezes the objects alive (so
+    PySpark's collection after the task skips them) and, before Python 3.12,
+    changes how zip importers re-read; called outside a task it changes
+    nothing."""
+    import gc
+    import sys
+    import zipimport
+
+    from dist_dl.pyworker import prepare_python_worker
+
+    def worker_state(batches):  # nested: Spark ships it by value
+        import gc
+        import zipimport
+
+        import pandas as pd
+
+        from dist_dl.pyworker import prepare_python_worker
+
+        for _ in batches:
+            pass
+        prepare_python_worker()
+        yield pd.DataFrame([{"frozen": gc.get_freeze_count(),
+                             "zip": bool(getattr(zipimport.zipimporter.invalidate_caches,
+                                                 "_dist_dl_rereads_changed_archives_only",
+                                                 False))}])
+
+    frozen_before = gc.get_freeze_count()
+    prepare_python_worker()
+    assert gc.get_freeze_count() == frozen_before
+    rows = spark.range(2).repartition(2).mapInPandas(worker_state,
+                                                     "frozen long, zip boolean").collect()
+    assert len(rows) == 2 and all(r.frozen > 1000 for r in rows), rows
+    assert all(r.zip for r in rows) == (sys.version_info < (3, 12)), rows
+    assert not getattr(zipimport.zipimporter.invalidate_caches,
+                       "_dist_dl_rereads_changed_archives_only", False)

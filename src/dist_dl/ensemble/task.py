@@ -21,6 +21,7 @@ import pandas as pd
 from dist_dl import compat
 from dist_dl.ensemble.members import Scorer, fit_member, read_members
 from dist_dl.integrity import HashingWriter
+from dist_dl.pyworker import prepare_python_worker
 
 __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
            "predict_partition", "shared_scorer"]
@@ -95,6 +96,7 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
     shared folder, and every later reader checks the file against it."""
     from pyspark import TaskContext
 
+    prepare_python_worker()
     context = TaskContext.get()
     member = context.partitionId()
     start = time.time()
@@ -141,6 +143,7 @@ def score_partition(batches: Iterator[pd.DataFrame], *, members: tuple, classes:
     """Count correct predictions of each member (``members``: their files and
     digests, see ``shared_scorer``) and
     of the ensemble (one row per task, summed on the driver)."""
+    prepare_python_worker()
     scorer = shared_scorer(members, classes, feature_cols, method)
     index = {c: i for i, c in enumerate(classes)}
     rows, ensemble_correct = 0, 0
@@ -164,6 +167,7 @@ def predict_partition(batches: Iterator[pd.DataFrame], *, blobs, classes: Sequen
                       prediction_col: str) -> Iterator[pd.DataFrame]:
     """Append the ensemble's prediction to every row (``blobs``: a Broadcast of
     the pickled members)."""
+    prepare_python_worker()
     scorer = shared_scorer(blobs, classes, feature_cols, method)
     for pdf in batches:
         out = pdf.copy()

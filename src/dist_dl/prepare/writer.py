@@ -389,7 +389,9 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
         import pandas as pd
 
         from dist_dl.prepare.images import encode_image, read_source
+        from dist_dl.pyworker import prepare_python_worker
 
+        prepare_python_worker()
         out = []
         for frame in frames:
             for sid, path, raw, name, label in zip(frame["_source_id"], frame["_path"],

@@ -66,6 +66,9 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
     """
     import pandas as pd
 
+    from dist_dl.pyworker import prepare_python_worker
+
+    prepare_python_worker()
     model = None
     done = 0  # rows of this partition in earlier batches
     for frame in batches:

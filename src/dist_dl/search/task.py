@@ -27,6 +27,7 @@ from typing import Callable
 from dist_dl import compat
 from dist_dl.databricks.secrets import redact_secrets
 from dist_dl.integrity import sign, signature_matches
+from dist_dl.pyworker import prepare_python_worker
 
 __all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS"]
 
@@ -104,6 +105,7 @@ def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token
     Never raises for the trial's own errors, so a failing trial is recorded as
     failed (and Spark does not retry it) while the other trials go on.
     """
+    prepare_python_worker()
     reporter = Reporter(address, token, trial)
     record = {"trial": trial, "status": "completed", "value": None, "error": None,
               "start": time.time()}
