@@ -16,8 +16,11 @@ tasks). The setups:
   no Spark: what two cores give on this machine at all (its ceiling).
 
 The Spark session and all Python workers are started, and warmed up by one
-small ensemble, before any timing, and again before every round (Spark stops
-Python workers idle for a minute; the other setups' processes stay warm).
+small ensemble, before any timing, and again right before every Spark run
+(Spark stops Python workers idle for a minute, and the setup before it may
+take longer; the other setups' processes stay warm). Until 26 Nov 2026 the
+warm-up ran only before each round, so most Spark runs started new Python
+workers.
 The setups alternate for ``--rounds`` rounds, in a rotating order. Before
 each round (and its warm-up) the script waits while the
 machine is busy with other work (1-minute load average above ``--max-load``,
@@ -323,8 +326,9 @@ def main(argv=None):
         # Starts two Python workers (two tasks at once) and imports pandas,
         # pyarrow and scikit-learn in them. Spark stops a Python worker that
         # has been idle for a minute (PythonWorkerFactory), and waiting for a
-        # quiet machine takes longer, so this runs again before every round:
-        # the other setups run in processes that stay warm.
+        # quiet machine or another setup's run takes longer, so this runs
+        # again before every Spark run: the other setups run in processes
+        # that stay warm.
         small = spark.read.parquet(path).limit(2000)
         train_ensemble(small, factories[sizes[0]], num_models=2, feature_cols=cols,
                        label_col="label", output_dir=out, tracking_uri=uri)
@@ -356,13 +360,16 @@ def main(argv=None):
     for r in range(args.rounds):
         load, others, quiet = wait_for_quiet(args.max_load, args.max_wait)
         starts.append((load, others, quiet))
-        warm_up()
         print(f"round {r}: load {load:.1f}, others {others:.2f} CPU s/s"
               f"{'' if quiet else ' (BUSY: waited the maximum, ran anyway)'}", flush=True)
         for trees in sizes:
             factory = factories[trees]
             for name in order[r % 3:] + order[:r % 3]:
                 if name == "spark":
+                    # The setup before it may have taken over a minute, and
+                    # Spark stops Python workers idle that long: warm them
+                    # again (untimed), as the other setups' processes are.
+                    warm_up()
                     since = time.time() * 1000
                     driver0 = time.process_time()
                     with CpuSampler(interval=0.5) as sampler:

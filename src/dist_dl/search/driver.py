@@ -29,7 +29,6 @@ from dist_dl.optional import require
 from dist_dl.session import job_group
 from dist_dl.settings import checked, setting
 from dist_dl.sparkconf import conf_value
-from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
            "EARLY_STOPPING"]
@@ -218,6 +217,10 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
     from pyspark import InheritableThread
 
     from dist_dl.session import get_spark, task_slots
+    # Here, not at the top: a trial's Spark task imports search.task, hence
+    # this package and module, and MLflow would add seconds to every new
+    # Python worker (see ensemble/driver.py).
+    from dist_dl.tracking.target import experiment_id as _experiment_id
 
     if not callable(train_fn):
         raise ValueError("train_fn must be a function train_fn(params, reporter) -> float")
