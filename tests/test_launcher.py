@@ -515,3 +515,36 @@ def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
     plain.feed(encode_control("start", 0, pid=11, host="worker1", time=0.0))
     plain.feed("[0]<stderr>:Segmentation fault\n")
     assert "Gloo" not in str(failure_from(plain, (0, 139), timeout=None)).splitlines()[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_line():
+    """On a cluster the rank left waiting may report TensorFlow's wrapper of
+    Horovod's failed collective ("Graph execution error:", the Gloo timeout
+    lines below it) before anyone's exit code is seen; the error then says a
+    collective failed and names the other ranks with their hosts on its first
+    line (the clean-clone CI of 26 Nov 2026 got only the wrapper's first
+    line). A rank's own error is still reported as it is."""
+    from dist_dl.launch.errors import failure_from
+    from dist_dl.launch.protocol import DriverSink, encode_control
+
+    sink = DriverSink("log_callback_only")
+    sink.feed(encode_control("start", 0, pid=11, host="worker2", time=0.0))
+    sink.feed(encode_control("start", 1, pid=12, host="worker1", time=0.0))
+    sink.feed(encode_control("error", 1, type="UnknownError",
+                             message="Graph execution error:\n\nDetected at node "
+                                     "'DistributedAdam_Allreduce/HorovodAllreduce' ...\n"
+                                     "Horovod has been shut down. This was caused by an "
+                                     "exception on one of the ranks",
+                             traceback="Traceback ...\n"))
+    first_line = str(failure_from(sink, None, timeout=None)).splitlines()[0]
+    assert first_line.startswith("worker rank 1 on host worker1 failed: UnknownError: Graph "
+                                 "execution error: [a collective failed"), first_line
+    assert "rank 0 on host worker2" in first_line, first_line
+
+    own = DriverSink("log_callback_only")
+    own.feed(encode_control("start", 0, pid=11, host="worker2", time=0.0))
+    own.feed(encode_control("error", 0, type="ValueError", message="bad label 11",
+                            traceback="Traceback ...\n"))
+    assert str(failure_from(own, None, timeout=None)).splitlines()[0] == (
+        "worker rank 0 on host worker2 failed: ValueError: bad label 11")

@@ -100,7 +100,12 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
             return _worker_error(sink, cause)
     cause = sink.first("error", prefer=lambda r: not _collateral(r))
     if cause is not None and (first_failed is None or not _collateral(cause)):
-        return _worker_error(sink, cause)
+        # Collateral with nothing better (no rank's own error, no exit code
+        # seen): the worker that reported is the one left waiting; say so,
+        # and name its peers (a clean-clone CI on 26 Nov 2026 got only
+        # "UnknownError: Graph execution error:" from the rank that stayed
+        # when its peer's host was cut off the network).
+        return _worker_error(sink, cause, lost_peer=_collateral(cause))
     if first_failed is not None:
         rank, code = first_failed
         tail = "\n".join(sink.tails.get(rank, ())) or "(no output)"
@@ -121,9 +126,14 @@ def _peer_timeout(sink: DriverSink, rank: int) -> str:
     found = sink.gloo_timeouts.get(rank)
     if not found:
         return ""
-    named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in sorted(sink.hosts) if r != rank)
     return (f" after Gloo timed out waiting for another rank ({found}): a host cut off "
-            f"the network, or a worker stopped or lost, among {named or 'the other ranks'}")
+            f"the network, or a worker stopped or lost, among {_peers(sink, rank)}")
+
+
+def _peers(sink: DriverSink, rank: int) -> str:
+    """The ranks other than ``rank``, each with its host."""
+    named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in sorted(sink.hosts) if r != rank)
+    return named or "the other ranks"
 
 
 def _on_host(sink: DriverSink, rank: int) -> str:
@@ -134,6 +144,13 @@ def _on_host(sink: DriverSink, rank: int) -> str:
     return f" on host {host}" if host else ""
 
 
-def _worker_error(sink: DriverSink, record: dict) -> WorkerError:
-    return WorkerError(record["rank"], record["type"], record["message"], record["traceback"],
+def _worker_error(sink: DriverSink, record: dict, lost_peer: bool = False) -> WorkerError:
+    message = record["message"]
+    if lost_peer:
+        # On the first line, which is what a run's attempt tag keeps.
+        first, newline, rest = message.partition("\n")
+        message = (f"{first} [a collective failed with its peers: a host cut off the network, "
+                   f"or a worker stopped or lost, among {_peers(sink, record['rank'])}]"
+                   f"{newline}{rest}")
+    return WorkerError(record["rank"], record["type"], message, record["traceback"],
                        host=sink.hosts.get(record["rank"], ""))
