@@ -99,13 +99,14 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
         if not _collateral(cause):
             return _worker_error(sink, cause)
     cause = sink.first("error", prefer=lambda r: not _collateral(r))
-    if cause is not None and (first_failed is None or not _collateral(cause)):
+    collateral = cause is not None and _collateral(cause)
+    if cause is not None and (first_failed is None or not collateral):
         # Collateral with nothing better (no rank's own error, no exit code
         # seen): the worker that reported is the one left waiting; say so,
         # and name its peers (a clean-clone CI on 26 Nov 2026 got only
         # "UnknownError: Graph execution error:" from the rank that stayed
         # when its peer's host was cut off the network).
-        return _worker_error(sink, cause, lost_peer=_collateral(cause))
+        return _worker_error(sink, cause, lost_peer=collateral)
     if first_failed is not None:
         rank, code = first_failed
         tail = "\n".join(sink.tails.get(rank, ())) or "(no output)"
@@ -126,14 +127,15 @@ def _peer_timeout(sink: DriverSink, rank: int) -> str:
     found = sink.gloo_timeouts.get(rank)
     if not found:
         return ""
-    return (f" after Gloo timed out waiting for another rank ({found}): a host cut off "
-            f"the network, or a worker stopped or lost, among {_peers(sink, rank)}")
+    return f" after Gloo timed out waiting for another rank ({found}): {_lost_peer(sink, rank)}"
 
 
-def _peers(sink: DriverSink, rank: int) -> str:
-    """The ranks other than ``rank``, each with its host."""
+def _lost_peer(sink: DriverSink, rank: int) -> str:
+    """What stops a rank's collectives from outside it, and the ranks other
+    than ``rank`` (each with its host) among which to look."""
     named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in sorted(sink.hosts) if r != rank)
-    return named or "the other ranks"
+    return ("a host cut off the network, or a worker stopped or lost, among "
+            f"{named or 'the other ranks'}")
 
 
 def _on_host(sink: DriverSink, rank: int) -> str:
@@ -149,8 +151,7 @@ def _worker_error(sink: DriverSink, record: dict, lost_peer: bool = False) -> Wo
     if lost_peer:
         # On the first line, which is what a run's attempt tag keeps.
         first, newline, rest = message.partition("\n")
-        message = (f"{first} [a collective failed with its peers: a host cut off the network, "
-                   f"or a worker stopped or lost, among {_peers(sink, record['rank'])}]"
-                   f"{newline}{rest}")
+        message = (f"{first} [a collective failed with its peers: "
+                   f"{_lost_peer(sink, record['rank'])}]{newline}{rest}")
     return WorkerError(record["rank"], record["type"], message, record["traceback"],
                        host=sink.hosts.get(record["rank"], ""))
