@@ -3,6 +3,7 @@ model it came from, on real JPEG bytes; registration; params and metrics."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import mlflow
@@ -378,3 +379,59 @@ def test_calls_from_threads_share_the_process_wide_tracking_uri(tmp_path):
                     "other store": b,
                     "same store, entered after the long call": not runs_per_thread()}
     assert mlflow.get_tracking_uri() == caller
+
+
+_RANK_0_WHOSE_FIT_FAILS = '''
+import json, os, sys, types
+import mlflow
+from mlflow.tracking import MlflowClient
+from dist_dl.train.worker import _fit_and_log
+
+uri = sys.argv[1]
+client = MlflowClient(uri)
+run = client.create_run(client.create_experiment("training"))
+meta = os.path.join(run.info.artifact_uri.replace("file://", "").rsplit("/", 1)[0], "meta.yaml")
+before = os.stat(meta).st_mtime_ns
+spec = types.SimpleNamespace(config=types.SimpleNamespace(epochs=2), callbacks=None,
+                             tracking_uri=uri, registry_uri=None, run_id=run.info.run_id)
+
+def fit(callbacks):
+    mlflow.log_metric("loss", 0.5, step=0)
+    raise RuntimeError("a peer left the allreduce")
+
+try:
+    _fit_and_log(spec, None, None, [], 0, 0, None, False, fit=fit)
+except RuntimeError as exc:
+    failed = str(exc)
+print(json.dumps({"meta": meta, "before": before, "failed": failed,
+                  "active_after": mlflow.active_run() is not None}))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_training_worker_logs_into_the_drivers_run_and_never_writes_its_status(tmp_path):
+    """Rank 0 logs into the run the driver created, whose status only the
+    driver sets: MLflow's file store rewrites a run's meta.yaml in place to
+    set a status, and a worker stopped during that rewrite (the launcher
+    stops a failed attempt's workers) left it empty, the run unusable (the
+    reliability suite's F1 in CI). A rank 0 whose fit fails, then exits
+    (MLflow's atexit hook ends any run still active), leaves meta.yaml as the
+    driver wrote it, the run RUNNING for the driver to retry or end, and the
+    metric it logged in the run."""
+    import json
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    done = subprocess.run([sys.executable, "-c", _RANK_0_WHOSE_FIT_FAILS, uri],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["failed"] == "a peer left the allreduce" and not seen["active_after"], seen
+    assert os.stat(seen["meta"]).st_mtime_ns == seen["before"], "a worker rewrote meta.yaml"
+    run_id = os.path.basename(os.path.dirname(seen["meta"]))
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "RUNNING"
+    assert run.data.metrics == {"loss": 0.5}

@@ -17,7 +17,8 @@ import threading
 
 from dist_dl.locations import file_url
 
-__all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder"]
+__all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
+           "attached_run"]
 
 
 def absolute_tracking_uri(uri: str | None) -> str | None:
@@ -84,6 +85,51 @@ def experiment_id(name: str | None, client=None) -> str:
 _STORE = threading.Condition()
 _HOLDERS: list[tuple[int, str]] = []   # (thread id, URI) of the calls inside
 _CALLERS_URI: list[str] = []           # the URI before the first of them
+
+
+def _active_runs() -> list:
+    """This thread's stack of active runs in MLflow's fluent API (one list for
+    the process before MLflow 2.21, see :func:`runs_per_thread`)."""
+    import mlflow.tracking.fluent as fluent
+
+    stack = fluent._active_run_stack
+    return stack if isinstance(stack, list) else stack.get()
+
+
+@contextlib.contextmanager
+def attached_run(run_id: str):
+    """Make ``run_id``, a run another process owns (created it, sets its
+    status, ends it), this thread's active run for the block, so that the
+    fluent API (``mlflow.log_metrics``, ``log_model``) logs into it; its
+    status is never written.
+
+    Training workers log into the run the driver created. They used
+    ``mlflow.start_run(run_id=...)``, which sets the run RUNNING on entry and
+    FINISHED or FAILED on exit. MLflow's file store (2.13 to 3.0) writes
+    either by rewriting the run's ``meta.yaml`` in place
+    (``FileStore._overwrite_run_info``: ``write_yaml(..., overwrite=True)``;
+    an experiment's goes through ``overwrite_yaml``, a rename), and the
+    launcher stops the other workers of a failed attempt with SIGTERM: a rank
+    0 ending the run FAILED at that moment left the file empty, and every
+    later call on the run failed with "'NoneType' object has no attribute
+    'copy'" (the reliability suite's F1 in CI, at its 15th attempt; the same
+    symptom elsewhere: microsoft/qlib#684). The status is the driver's: it
+    knows whether an attempt is retried.
+    """
+    from mlflow.tracking import MlflowClient, fluent
+
+    run = fluent.ActiveRun(MlflowClient().get_run(run_id))
+    stack = _active_runs()
+    stack.append(run)
+    try:
+        yield run
+    finally:
+        # Popped here, never ended: MLflow's atexit hook ends whatever run
+        # is still active when the process exits.
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is run:
+                del stack[i]
+                break
 
 
 def runs_per_thread() -> bool:

@@ -222,6 +222,8 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
     ``fit(callbacks)``: a training loop of one's own instead of ``model.fit``."""
     import mlflow
 
+    from dist_dl.tracking.target import attached_run
+
     cfg = spec.config
     if spec.callbacks is not None:
         callbacks = [*callbacks, *spec.callbacks()]
@@ -229,7 +231,8 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
         mlflow.set_tracking_uri(spec.tracking_uri)
         if spec.registry_uri:
             mlflow.set_registry_uri(spec.registry_uri)
-    with mlflow.start_run(run_id=spec.run_id) if rank == 0 else contextlib.nullcontext():
+    # The driver's run, whose status only the driver sets (see attached_run).
+    with attached_run(spec.run_id) if rank == 0 else contextlib.nullcontext():
         if initial_epoch < cfg.epochs and fit is not None:
             fit(callbacks)
         elif initial_epoch < cfg.epochs:
