@@ -16,11 +16,20 @@ pixels (checked each round). Then ``score_dataframe`` of ``--rows`` rows of
 digits on local[2] with a small CNN, rows/s, per round (the model loaded in
 the Python workers by a warm-up first).
 
-Writes ``scoring_decode_speedup.<kind>`` (graph / eager images per second),
-``scoring_rows_per_second`` and ``decode_images_per_second.<kind>.<setup>``
-to ``benchmarks/results.json``.
+Then the Python workers' preparation (``dist_dl.pyworker``: PySpark's
+per-task import-cache reset and full garbage collection, made cheap): in
+each round, in alternating order, two fresh processes score ``--prep-rows``
+rows in ``--partitions`` tasks on local[2], one as the library runs
+(``on``) and one with ``DIST_DL_PREPARE_PYTHON_WORKER=0`` (``off``, the
+baseline); each warms its Python workers first and times one job.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scoring.py [--rounds 3] [--rows 200000]
+Writes ``scoring_decode_speedup.<kind>`` (graph / eager images per second),
+``scoring_rows_per_second``, ``decode_images_per_second.<kind>.<setup>``,
+``scoring_worker_prep_speedup`` (on / off rows per second, per round) and
+``scoring_rows_per_second.<n>_tasks.<on|off>`` to ``benchmarks/results.json``.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/scoring.py [--rounds 3] [--rows 200000] \
+        [--partitions 64] [--prep-rows 100000]
 """
 from __future__ import annotations
 
@@ -77,12 +86,12 @@ def _rate(fn, images, spec, batch: int, repeat: int) -> float:
     return repeat * len(images) / (time.perf_counter() - start)
 
 
-def _score_rate(spark, uri: str, rows: int, images) -> float:
+def _score_rate(spark, uri: str, rows: int, images, partitions: int | None = None) -> float:
     from pyspark.sql import functions as F
 
     from dist_dl.score import score_dataframe
 
-    frame = (spark.range(rows).withColumn("k", F.col("id") % 64)
+    frame = (spark.range(0, rows, 1, partitions).withColumn("k", F.col("id") % 64)
              .join(F.broadcast(images), "k"))
     scored = score_dataframe(frame, uri, image_col="image", batch_size=256)
     start = time.perf_counter()
@@ -92,20 +101,73 @@ def _score_rate(spark, uri: str, rows: int, images) -> float:
     return rows / seconds
 
 
+def _digit_scorer(spark):
+    """A small CNN over 8x8 digits logged to a temporary store (its model
+    URI), and a table of 64 digit PNGs keyed 0-63."""
+    import mlflow
+
+    from dist_dl import compat
+    from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
+
+    spec = ImagePreprocessing(image_size=8, channels=1, mean=0.5, std=0.25)
+    keras = compat.keras()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(spec.input_shape),
+                              keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    mlflow.set_tracking_uri("file://" + os.path.join(tempfile.mkdtemp(), "mlruns"))
+    uri = log_keras_classifier(model, spec).model_uri
+    table = spark.createDataFrame(list(enumerate(_digits(64))), "k long, image binary")
+    return uri, table
+
+
+def _prep_child(rows: int, partitions: int) -> None:
+    """One process's timed scoring job (see the module's docstring)."""
+    from dist_dl.session import get_spark
+
+    spark = get_spark("local[2]")
+    uri, table = _digit_scorer(spark)
+    _score_rate(spark, uri, 20_000, table, partitions)  # Python workers start, load the model
+    print(json.dumps({"rows_per_second": _score_rate(spark, uri, rows, table, partitions)}),
+          flush=True)
+
+
+def _prep_rate(on: bool, rows: int, partitions: int) -> float:
+    import subprocess
+
+    from dist_dl.pyworker import SWITCH
+
+    env = {k: v for k, v in os.environ.items() if k != SWITCH}
+    if not on:
+        env[SWITCH] = "0"
+    done = subprocess.run([sys.executable, __file__, "--prep-child", str(rows), str(partitions)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"the scoring process ({'on' if on else 'off'}) failed: "
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["rows_per_second"]
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=64,
+                        help="tasks of the worker-preparation comparison's job")
+    parser.add_argument("--prep-rows", type=int, default=100_000)
+    parser.add_argument("--prep-child", nargs=2, type=int, metavar=("ROWS", "PARTITIONS"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results.json"),
                         help="results file to merge into ('' to skip)")
     args = parser.parse_args(argv)
+    if args.prep_child:
+        _prep_child(*args.prep_child)
+        return {}
 
-    import mlflow
     import numpy as np
 
-    from dist_dl import compat
     from dist_dl.session import get_spark
-    from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
+    from dist_dl.tracking import ImagePreprocessing
     from dist_dl.tracking.preprocess import _decode_one_by_one, decode_images
 
     def graph(images, spec):
@@ -125,19 +187,15 @@ def main(argv=None) -> dict:
         np.testing.assert_array_equal(graph(images[:64], spec), eager(images[:64], spec))
 
     spark = get_spark("local[2]")
-    digits, digit_spec = kinds["digits"][0][:64], kinds["digits"][1]
-    keras = compat.keras()
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input(digit_spec.input_shape),
-                              keras.layers.Conv2D(8, 3, activation="relu"),
-                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    mlflow.set_tracking_uri("file://" + os.path.join(tempfile.mkdtemp(), "mlruns"))
-    uri = log_keras_classifier(model, digit_spec).model_uri
-    table = spark.createDataFrame(list(enumerate(digits)), "k long, image binary")
-    _score_rate(spark, uri, 20_000, table)  # Python workers start and load the model
+    uri, table = _digit_scorer(spark)
 
     rounds = []
     for r in range(args.rounds):
+        # Python workers start and load the model, right before each timed
+        # job: Spark ends a worker idle for a minute, and the comparison
+        # below takes longer than that (in a run without this, the timed
+        # jobs after it ran at 0.63-0.71 of the first round's rate).
+        _score_rate(spark, uri, 20_000, table)
         row = {"score_rows_per_second": _score_rate(spark, uri, args.rows, table)}
         time.sleep(5.0)  # the Spark job's tail (JVM, Python workers) off the cores
         order = ["graph", "eager"] if r % 2 == 0 else ["eager", "graph"]
@@ -149,6 +207,9 @@ def main(argv=None) -> dict:
                                           if kind == "digits" else
                                           _rate(fn, images, spec, batch=32, repeat=4))
             row[f"{kind}.speedup"] = row[f"{kind}.graph"] / row[f"{kind}.eager"]
+        for on in ([True, False] if r % 2 == 0 else [False, True]):
+            row["prep_on" if on else "prep_off"] = _prep_rate(on, args.prep_rows, args.partitions)
+        row["prep_speedup"] = row["prep_on"] / row["prep_off"]
         print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
         rounds.append(row)
 
@@ -171,6 +232,14 @@ def main(argv=None) -> dict:
         entries["scoring_rows_per_second"] = result_entry(
             [r["score_rows_per_second"] for r in rounds], rows=args.rows,
             note="score_dataframe on local[2], 8x8 PNG digits, a small CNN, batch_size=256")
+        tasks = f"{args.partitions}_tasks"
+        entries["scoring_worker_prep_speedup"] = result_entry(
+            [r["prep_speedup"] for r in rounds], baseline="DIST_DL_PREPARE_PYTHON_WORKER=0",
+            rows=args.prep_rows, tasks=args.partitions,
+            note="score_dataframe on local[2], a fresh process per setup and round")
+        for setup in ("on", "off"):
+            entries[f"scoring_rows_per_second.{tasks}.{setup}"] = result_entry(
+                [r[f"prep_{setup}"] for r in rounds], rows=args.prep_rows)
         published = publish_results(args.results, entries)
         print(f"results: {published['results']}, {published['png']}")
     return summary

@@ -1,6 +1,7 @@
 """The Spark session helpers: job groups (cancel on failure, cleared after)."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -246,3 +247,35 @@ def test_what_a_new_python_worker_imports_for_a_task_leaves_mlflow_out(module):
                          timeout=100)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"importing {module} imports {out.stdout.strip()}"
+
+
+_PREPARE_IN_A_TASK = '''
+import gc, json
+from pyspark import TaskContext
+from dist_dl.pyworker import prepare_python_worker
+
+TaskContext._getOrCreate()   # what PySpark's worker does before a task's function
+prepare_python_worker()
+print(json.dumps({"frozen": gc.get_freeze_count()}))
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_the_python_worker_preparation_can_be_turned_off_by_its_environment_variable(switch):
+    """In a task, prepare_python_worker freezes the worker's objects unless
+    DIST_DL_PREPARE_PYTHON_WORKER=0 (spark.executorEnv on a cluster)."""
+    import json
+    import subprocess
+    import sys
+
+    from dist_dl.pyworker import SWITCH
+
+    env = {k: v for k, v in os.environ.items() if k != SWITCH}
+    if switch is not None:
+        env[SWITCH] = switch
+    done = subprocess.run([sys.executable, "-c", _PREPARE_IN_A_TASK], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    frozen = json.loads(done.stdout.strip().splitlines()[-1])["frozen"]
+    assert (frozen > 1000) == (switch is None), frozen

@@ -26,7 +26,13 @@ import os
 import sys
 import time
 
-__all__ = ["prepare_python_worker", "FULL_COLLECTION_SECONDS"]
+__all__ = ["prepare_python_worker", "FULL_COLLECTION_SECONDS", "SWITCH"]
+
+# The Python workers' environment variable that turns
+# prepare_python_worker off ("0"): Spark's executors pass on their own
+# environment and ``spark.executorEnv.*``. For a worker that must collect
+# every task's garbage at once, and for the scoring benchmark's baseline.
+SWITCH = "DIST_DL_PREPARE_PYTHON_WORKER"
 
 _MARK = "_dist_dl_rereads_changed_archives_only"
 # At most this long between two full collections of a worker (see
@@ -91,8 +97,11 @@ def prepare_python_worker() -> None:
     still re-read. And freezes the objects alive now, so that the full
     collection PySpark runs after the task skips them, with a full
     collection at least every ``FULL_COLLECTION_SECONDS``. Does nothing
-    outside a Spark task.
+    outside a Spark task, or where the environment variable ``SWITCH`` is
+    ``0``.
     """
+    if os.environ.get(SWITCH) == "0":
+        return
     from pyspark import TaskContext
 
     if TaskContext.get() is None:  # not in a Spark task (a test calling the function)
