@@ -66,7 +66,7 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench wheel clean hosts-tools
+.PHONY: install demo test test-fast bench wheel bundle clean hosts-tools
 
 install: $(STAMP)
 
@@ -108,6 +108,11 @@ bench: $(STAMP)
 # environment's setuptools builds it, nothing is downloaded.
 wheel: $(STAMP)
 	$(PY) -m pip wheel --no-deps --no-build-isolation --quiet -w dist .
+
+# databricks.yml, the Databricks Asset Bundle, from the job files jobs/*.json (the jobs' one
+# source); tests/unit/test_jobs_bundle.py fails while the committed file is not what this writes.
+bundle: $(STAMP)
+	$(PY) -m dist_dl.databricks.jobs.bundle
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info runs

@@ -21,7 +21,9 @@ The wheel: a job file's libraries name :data:`WHEEL_PLACEHOLDER`;
 
 One module per concern: ``errors`` (errors and results), ``walk`` (where a
 value is in a job dict), ``validation``, ``workspace`` (the client and
-deploy), ``runs`` and ``command`` (``dist-dl jobs``).
+deploy), ``runs`` and ``command`` (``dist-dl jobs``), and ``bundle``
+(databricks.yml, the Databricks Asset Bundle, generated from the job files:
+``make bundle``; not imported here, so that ``python -m`` runs it).
 """
 from dist_dl.databricks.jobs.command import add_jobs_command, main
 from dist_dl.databricks.jobs.errors import (AuthenticationError, JobFileError, JobsError, Problem,
