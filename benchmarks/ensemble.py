@@ -440,7 +440,7 @@ def _publish(args, command, sizes, ratios, starts):
         note=f"at {worst} trees (the size furthest from the ceiling)", **extra)
     published = publish_results(args.results, entries, log=bool(args.tracking_uri),
                                 tracking_uri=args.tracking_uri or None,
-                                experiment="dist_dl benchmarks", run_name="ensemble",
+                                experiment_name="dist_dl benchmarks", run_name="ensemble",
                                 own_prefixes=("ensemble_",))
     print(f"results: {published['results']}, {published['png']}; MLflow run "
           f"{published['run_id']} ({args.tracking_uri})")

@@ -4,7 +4,7 @@ Writes synthetic JPEG shards (typical stored ImageNet size: 256 px, cropped
 to 224), then, in interleaved rounds within one process, times on the same
 shards:
 
-- petastorm, arrow: ``make_dataset(url, rank=0, size=1, ...)`` with each
+- petastorm, arrow: ``make_dataset(url, rank=0, num_workers=1, ...)`` with each
             reader (``ReaderConfig(reader=...)``), the training pipeline
             (reader -> shuffle -> decode + random resized crop + flip ->
             normalise -> batch -> prefetch); petastorm is left out where it

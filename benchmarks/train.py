@@ -22,7 +22,7 @@ these levers as extra distributed setups, each against the same ceiling:
   (tf_peer): engine against engine, each against its plain recipe.
 
 Every round also runs the peer (Horovod's own Keras recipe launched with
-``horovod.spark.run`` on ``local[<workers>]``, or the active Spark session)
+``horovod.spark.run`` on ``local[<num_workers>]``, or the active Spark session)
 and one worker's reader alone on the same shards (is training input-bound?).
 
 The same command runs unchanged on a GPU machine: each worker gets the GPU
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--num-workers", type=int, default=2,
                         help="workers of the scaled setups (on a GPU machine: its GPUs)")
     parser.add_argument("--levers", default="batch64,fp16,cycle1,bpps2,pinned,spark",
                         help=f"comma-separated subset of {', '.join(LEVERS)} (or 'none')")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     unknown = sorted(set(chosen) - set(LEVERS))
     if unknown:
         parser.error(f"unknown levers {unknown}; choose from {', '.join(LEVERS)}")
-    cfg = BenchConfig(model=args.model, image_size=64, batch_size=32, workers=args.workers,
+    cfg = BenchConfig(model=args.model, image_size=64, batch_size=32, num_workers=args.num_workers,
                       steps=args.steps, warmup_steps=args.warmup_steps, rounds=args.rounds,
                       threads_per_worker=1, mixed_precision=args.mixed_precision,
                       peer=args.peer, reader_check=args.reader_check,
@@ -109,11 +109,11 @@ def main(argv=None) -> int:
     if "spark" in chosen:
         from dist_dl.session import get_spark
 
-        spark = get_spark(f"local[{args.workers}]")
+        spark = get_spark(f"local[{args.num_workers}]")
     print(f"load average before: {os.getloadavg()}")
     run_benchmark(cfg, spark=spark, variants={name: LEVERS[name] for name in chosen},
                   log_to_mlflow=bool(args.tracking_uri), tracking_uri=args.tracking_uri or None,
-                  experiment="dist_dl benchmarks")
+                  experiment_name="dist_dl benchmarks")
     print(f"load average after: {os.getloadavg()}")
     if cfg.output:
         print(f"full record: {cfg.output}")

@@ -102,7 +102,7 @@ from dist_dl import train_distributed
 
 trained = train_distributed(train_df, config=config.train, image_col="content",
                             label_col="label", tracking_uri=config.tracking.tracking_uri,
-                            experiment=config.tracking.experiment)
+                            experiment_name=config.tracking.experiment_name)
 print(f"MLflow run {trained.run_id} in {trained.tracking_uri}, {trained.num_workers} workers; "
       "last epoch: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(trained.metrics.items())))
 

@@ -6,7 +6,7 @@
 # MAGIC `jobs/benchmark_gpu_azure.json` task `bench` and `jobs/benchmark_gpu_aws.json` task `bench`.
 # MAGIC
 # MAGIC Parameters (widgets): `config` (a shipped name or a YAML path; `synthetic_benchmark`
-# MAGIC on Databricks), `model`, `workers` (of the scaled setup), `image_size`, `batch_size`
+# MAGIC on Databricks), `model`, `num_workers` (of the scaled setup), `image_size`, `batch_size`
 # MAGIC (per worker), `steps` (timed, per measurement), `warmup_steps` (untimed, first),
 # MAGIC `rounds` (the setups repeat interleaved; medians are reported), `threads_per_worker`,
 # MAGIC `output` (a JSON file for the full record; blank: none), `overrides` (more
@@ -20,7 +20,7 @@ from dist_dl.databricks import config_from_widgets, read_widgets
 # Blank widgets keep the configuration's value (on Databricks: config
 # synthetic_benchmark); without dbutils (a local or CI run) the tiny `local`
 # values apply.
-params = read_widgets({"config": "synthetic_benchmark", "model": None, "workers": None,
+params = read_widgets({"config": "synthetic_benchmark", "model": None, "num_workers": None,
                        "image_size": None, "batch_size": None, "steps": None,
                        "warmup_steps": None, "rounds": None, "threads_per_worker": None,
                        "output": None, "overrides": ""},
@@ -28,7 +28,7 @@ params = read_widgets({"config": "synthetic_benchmark", "model": None, "workers"
                       local={"model": "small_cnn", "image_size": 16, "batch_size": 16,
                              "steps": 3, "warmup_steps": 1, "rounds": 1})
 config = config_from_widgets(params, {
-    "model": "bench.model", "workers": "bench.workers", "image_size": "bench.image_size",
+    "model": "bench.model", "num_workers": "bench.num_workers", "image_size": "bench.image_size",
     "batch_size": "bench.batch_size", "steps": "bench.steps",
     "warmup_steps": "bench.warmup_steps", "rounds": "bench.rounds",
     "threads_per_worker": "bench.threads_per_worker", "output": "bench.output"})
@@ -46,16 +46,16 @@ to_dict(config)["bench"]
 # MAGIC - `plain_1`: plain Keras in one process, no Horovod;
 # MAGIC - `dist_1`: `train_distributed` with one worker; `dist_1 / plain_1` is what the
 # MAGIC   library costs (should be close to 1);
-# MAGIC - `ceiling`: `workers` independent plain processes, with no communication: what the
+# MAGIC - `ceiling`: `num_workers` independent plain processes, with no communication: what the
 # MAGIC   hardware can do at all;
-# MAGIC - `dist`: `train_distributed` with `workers` workers; `dist / ceiling` is the scaling
+# MAGIC - `dist`: `train_distributed` with `num_workers` workers; `dist / ceiling` is the scaling
 # MAGIC   efficiency, what the gradient allreduce and the synchronisation cost.
 # MAGIC
 # MAGIC Locally the defaults are tiny (a small CNN on 16-pixel images, 3 timed steps, one
 # MAGIC round) so that the notebook runs in the test suite; such figures say nothing about
 # MAGIC performance. On Databricks use `config=synthetic_benchmark` and the benchmark job's
 # MAGIC values: `model=resnet50`, `image_size=64`, `batch_size=32`, `steps=20`,
-# MAGIC `warmup_steps=5`, `rounds=3`, `threads_per_worker=4`, `workers` = the cluster's GPU
+# MAGIC `warmup_steps=5`, `rounds=3`, `threads_per_worker=4`, `num_workers` = the cluster's GPU
 # MAGIC count, on the benchmark job's GPU cluster.
 
 # COMMAND ----------
@@ -82,5 +82,5 @@ result = pipeline.bench(config)
 # The table above is the benchmark's own report; the two ratios it is for:
 overhead, scaling = result["summary"]["overhead"], result["summary"]["scaling"]
 print(f"library overhead, dist_1 / plain_1: {overhead['median']:.2f}; scaling efficiency with "
-      f"{config.bench.workers} workers, dist / ceiling: {scaling['median']:.2f} "
+      f"{config.bench.num_workers} workers, dist / ceiling: {scaling['median']:.2f} "
       f"(range {scaling['min']:.2f}-{scaling['max']:.2f} over {config.bench.rounds} rounds)")

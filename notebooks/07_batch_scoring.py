@@ -7,7 +7,7 @@
 # MAGIC `jobs/training_workflow_aws.json` tasks `evaluate` and `score`.
 # MAGIC
 # MAGIC Parameters (widgets; a blank text widget keeps the configuration file's value): `config`,
-# MAGIC `registered_model`, `min_accuracy` (the gate), `alias` (given to a model that passes),
+# MAGIC `registered_model_name`, `min_accuracy` (the gate), `alias` (given to a model that passes),
 # MAGIC `model_uri` (score this model instead of the registered one; it is then not promoted),
 # MAGIC `input` (shards or a table; blank: the validation shards), `output`, `train_if_missing`
 # MAGIC (no registered version yet: train one here first; set `false` on Databricks, where the
@@ -21,14 +21,14 @@ from dist_dl.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
-params = read_widgets({"config": "demo", "registered_model": None, "min_accuracy": None,
+params = read_widgets({"config": "demo", "registered_model_name": None, "min_accuracy": None,
                        "alias": None, "model_uri": None, "input": None, "output": None,
                        "train_if_missing": False, "epochs": None, "backend": None,
                        "overrides": ""},
                       dbutils=globals().get("dbutils"),
                       local={"train_if_missing": True, "backend": "local"})
 config = config_from_widgets(params, {
-    "registered_model": "tracking.registered_model_name", "min_accuracy": "evaluate.min_accuracy",
+    "registered_model_name": "tracking.registered_model_name", "min_accuracy": "evaluate.min_accuracy",
     "alias": "evaluate.alias", "model_uri": "score.model_uri", "input": "score.input",
     "output": "score.output", "epochs": "train.epochs", "backend": "train.backend"})
 {section: to_dict(config)[section] for section in ("tracking", "evaluate", "score")}
@@ -40,7 +40,7 @@ config = config_from_widgets(params, {
 # MAGIC
 # MAGIC Locally nothing exists yet in a fresh folder, so this notebook prepares the `demo`
 # MAGIC digits and trains and registers a small CNN first (a few epochs, two processes) to run
-# MAGIC on its own. On Databricks set `config=imagenet_resnet50`, `registered_model` to the
+# MAGIC on its own. On Databricks set `config=imagenet_resnet50`, `registered_model_name` to the
 # MAGIC Unity Catalog name the training workflow registers, `min_accuracy` to its gate (0.70
 # MAGIC top-1), the paths to your `/Volumes/...` folders and `train_if_missing=false`: a
 # MAGIC missing model is then an error rather than a ResNet50 training started from a

@@ -148,7 +148,7 @@ def test_png_and_mlflow_artifacts_of_the_results(tmp_path):
     assert width > height > 200  # two panels side by side
     published = publish_results(str(tmp_path / "results.json"), entries, log=True,
                                 tracking_uri=(tmp_path / "mlruns").as_uri(),
-                                experiment="benchmarks", run_name="bench")
+                                experiment_name="benchmarks", run_name="bench")
     assert published["png"] == str(tmp_path / "results.png")
     from mlflow.tracking import MlflowClient
 

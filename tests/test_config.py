@@ -26,9 +26,9 @@ def test_every_shipped_configuration_loads_and_defaults_yaml_is_the_code_default
 def test_a_file_then_overrides_dotted_or_nested():
     config = load_config(PipelineConfig, CONF / "demo.yaml",
                          {"train.epochs": 1, "train.batch_size": None,
-                          "tracking": {"experiment": "x"}})
+                          "tracking": {"experiment_name": "x"}})
     assert config.train.epochs == 1 and config.train.batch_size == 32  # None keeps the file's
-    assert config.tracking.experiment == "x" and config.data.source == "sklearn_digits"
+    assert config.tracking.experiment_name == "x" and config.data.source == "sklearn_digits"
     assert config.evaluate == load_config(PipelineConfig, "demo").evaluate
     assert config_path("demo") == str(CONF / "demo.yaml")
 

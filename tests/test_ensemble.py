@@ -206,7 +206,7 @@ def test_input_is_evaluated_once_and_every_row_is_accounted_for(spark, tmp_path)
     params = MlflowClient(tracking_uri=tmp_path.as_uri()).get_run(ens.run_id).data.params
     assert sum(ens.member_rows) + int(params["validation_rows"]) == len(pdf)
     assert 0.1 * len(pdf) < int(params["validation_rows"]) < 0.3 * len(pdf)
-    assert ens.classes == (0, 1) and ens.score > 0.85
+    assert ens.class_names == (0, 1) and ens.score > 0.85
 
 
 def test_null_labels_fail_before_training_and_release_the_cache(spark, tmp_path):

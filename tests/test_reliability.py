@@ -739,7 +739,7 @@ def training(engine, name):
         frame, model="small_cnn", image_size=16, image_col="content", label_col="digit",
         num_workers=2, backend="spark", engine=engine, epochs=1, batch_size=32, augment=False,
         eval_crop_fraction=1.0, max_retries=0, output_dir=out_dir, tracking_uri=mlruns,
-        experiment=name).run_id
+        experiment_name=name).run_id
 
 def ensemble():
     return train_ensemble(wine_df, lambda i: RandomForestClassifier(n_estimators=10, random_state=i),

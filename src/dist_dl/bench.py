@@ -9,9 +9,9 @@ through the same reader, and times the same training steps (after
   callbacks of ours), ``threads_per_worker`` threads;
 - ``dist_1``: ``train_distributed`` with one worker, the same threads:
   ``dist_1 / plain_1`` is the library's overhead;
-- ``ceiling``: ``workers`` independent plain processes, each pinned to its
+- ``ceiling``: ``num_workers`` independent plain processes, each pinned to its
   own cores: what the machine can do at all (no communication);
-- ``dist``: ``train_distributed`` with ``workers`` workers and the library's
+- ``dist``: ``train_distributed`` with ``num_workers`` workers and the library's
   defaults: ``dist / ceiling`` is the scaling efficiency;
 - ``peer``: what a user would otherwise write, side by side: Horovod's own
   Keras recipe as its documentation writes it (``hvd.init()``, the learning
@@ -21,7 +21,7 @@ through the same reader, and times the same training steps (after
   ``horovod.spark.run`` on the same Spark session: ``dist / peer`` is the
   library against the plain recipe (``cfg.peer``);
 - ``reader_alone``: the same reader on one worker's shard, nothing else
-  (``cfg.reader_check``): ``reader_alone / (dist / workers)`` says whether
+  (``cfg.reader_check``): ``reader_alone / (dist / num_workers)`` says whether
   reading and decoding keep up with training (:func:`input_verdict`);
 - any ``variants``: ``dist`` with some settings changed (the levers);
 - ``tf_peer``, when a variant trains with ``engine="tensorflow"``
@@ -30,7 +30,7 @@ through the same reader, and times the same training steps (after
   under ``strategy.scope()``, the learning rate scaled by the number of
   workers, each worker's batches through
   ``distribute_datasets_from_function``) on the same shards, launched as
-  local processes with ``TF_CONFIG`` set (``TFDistributeRunner(np=-workers)``:
+  local processes with ``TF_CONFIG`` set (``TFDistributeRunner(np=-num_workers)``:
   the recipe has no launcher of its own). ``<variant> / tf_peer`` is that
   engine against its plain recipe, and ``<variant> / dist`` engine against
   engine.
@@ -64,6 +64,7 @@ from typing import Callable
 
 from dist_dl import compat
 from dist_dl.config import BenchConfig
+from dist_dl.deprecation import renamed_parameters
 from dist_dl.locations import file_url
 from dist_dl.train.config import TrainConfig
 
@@ -434,23 +435,24 @@ def _measure(prefix: str, ranks: int, images_per_step: int, warmup: int, togethe
     return sum(rates), cpus[0], window
 
 
+@renamed_parameters({"experiment": "experiment_name"})
 def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                   workdir: str | None = None, out: Callable[[str], None] = print,
                   log_to_mlflow: bool = False, tracking_uri: str | None = None,
-                  experiment: str | None = None, command: str | None = None) -> dict:
+                  experiment_name: str | None = None, command: str | None = None) -> dict:
     """Run the setups of the module docstring, ``cfg.rounds`` times interleaved.
 
     Args:
         cfg: The benchmark's settings.
         spark: For the peer (``horovod.spark.run``) and variants with
             ``backend="spark"``; default the active session, else
-            ``local[<workers>]`` when the peer runs.
+            ``local[<num_workers>]`` when the peer runs.
         variants: Name -> ``TrainConfig`` fields changed from the ``dist`` setup.
         workdir: Scratch folder (default: a temporary one, removed afterwards).
         out: Where progress and the report go.
         log_to_mlflow: Log the results file and its PNG (``cfg.results``)
-            as artifacts of an MLflow run, in ``experiment`` at ``tracking_uri``
-            (default: MLflow's current one).
+            as artifacts of an MLflow run, in experiment ``experiment_name``
+            at ``tracking_uri`` (default: MLflow's current one).
         command: The command line recorded with the results (default: this
             process's).
 
@@ -473,7 +475,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
     steps = cfg.warmup_steps + cfg.steps
     try:
         shards = os.path.join(scratch, "shards")
-        rows = steps * cfg.batch_size * max(2, cfg.workers)
+        rows = steps * cfg.batch_size * max(2, cfg.num_workers)
         if not os.path.exists(shards):
             make_synthetic_images(shards, rows=rows, image_size=cfg.image_size, classes=10,
                                   rows_per_row_group=cfg.batch_size)
@@ -486,7 +488,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                            output_dir=os.path.join(scratch, "runs"), keep_checkpoints=1)
         tracking = file_url(os.path.join(scratch, "mlruns"))
         single = dataclasses.replace(base, num_workers=1, threads_per_worker=cfg.threads_per_worker)
-        scaled = dataclasses.replace(base, num_workers=cfg.workers)
+        scaled = dataclasses.replace(base, num_workers=cfg.num_workers)
         counter = iter(range(10 ** 6))
 
         def plain(config: TrainConfig, ranks: int, pin: bool):
@@ -514,7 +516,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
 
         # What each of the scaled setup's workers gets (launch.device.plan_devices).
         worker_threads = (scaled.threads_per_worker
-                          or max(1, (os.cpu_count() or 1) // cfg.workers))
+                          or max(1, (os.cpu_count() or 1) // cfg.num_workers))
         peer_info: dict = {}
 
         def peer():
@@ -526,51 +528,51 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             with CpuSampler() as sampler:
                 ranks = horovod.spark.run(_peer_fit, args=(files, scaled, steps,
                                                            StepRecorder(prefix), worker_threads),
-                                          num_proc=cfg.workers, verbose=0,
+                                          num_proc=cfg.num_workers, verbose=0,
                                           env=dict(os.environ, **compat.worker_env()),
                                           # The interface the library's own Spark
                                           # backend gives Horovod (separate hosts).
                                           nics=cluster_nics(spark))
             peer_info.update(ranks[0])
-            return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
-                            cfg.warmup_steps, True) + (sampler, cfg.workers)
+            return _measure(prefix, cfg.num_workers, cfg.batch_size * cfg.num_workers,
+                            cfg.warmup_steps, True) + (sampler, cfg.num_workers)
 
         def tf_peer():
             prefix = os.path.join(scratch, f"t{next(counter)}")
             with CpuSampler() as sampler:
-                TFDistributeRunner(np=-cfg.workers, threads_per_worker=worker_threads,
+                TFDistributeRunner(np=-cfg.num_workers, threads_per_worker=worker_threads,
                                    driver_log_verbosity="log_callback_only").run(
                     _tf_peer_fit, files=files, config=scaled, steps=steps,
                     recorder=StepRecorder(prefix))
-            return _measure(prefix, cfg.workers, cfg.batch_size * cfg.workers,
-                            cfg.warmup_steps, True) + (sampler, cfg.workers)
+            return _measure(prefix, cfg.num_workers, cfg.batch_size * cfg.num_workers,
+                            cfg.warmup_steps, True) + (sampler, cfg.num_workers)
 
         def reader_alone():
             rate, cpu = HorovodRunner(np=-1, threads_per_worker=worker_threads).run(
-                _reader_rate, files=files, config=scaled, size=cfg.workers,
+                _reader_rate, files=files, config=scaled, size=cfg.num_workers,
                 warmup=cfg.warmup_steps, batches=cfg.steps)
             return rate, cpu, None, None, 1
 
         setups = {"plain_1": plain(single, 1, False), "dist_1": distributed(single),
                   "ceiling": plain(dataclasses.replace(
-                      scaled, threads_per_worker=cfg.threads_per_worker), cfg.workers, True),
+                      scaled, threads_per_worker=cfg.threads_per_worker), cfg.num_workers, True),
                   "dist": distributed(scaled)}
-        devices = {"plain_1": 1, "dist_1": 1, "ceiling": cfg.workers, "dist": cfg.workers}
+        devices = {"plain_1": 1, "dist_1": 1, "ceiling": cfg.num_workers, "dist": cfg.num_workers}
         if cfg.peer:
             if spark is None:
                 from pyspark.sql import SparkSession
 
                 from dist_dl.session import get_spark
 
-                spark = SparkSession.getActiveSession() or get_spark(f"local[{cfg.workers}]")
-            setups["peer"], devices["peer"] = peer, cfg.workers
+                spark = SparkSession.getActiveSession() or get_spark(f"local[{cfg.num_workers}]")
+            setups["peer"], devices["peer"] = peer, cfg.num_workers
         if cfg.reader_check:
             setups["reader_alone"], devices["reader_alone"] = reader_alone, 1
         for name, changes in variants.items():
             setups[name] = distributed(dataclasses.replace(scaled, **changes))
-            devices[name] = cfg.workers
+            devices[name] = cfg.num_workers
         if _tf_engine_variants(variants):
-            setups["tf_peer"], devices["tf_peer"] = tf_peer, cfg.workers
+            setups["tf_peer"], devices["tf_peer"] = tf_peer, cfg.num_workers
         results = {name: {"images_per_second": [], "cpu_per_second": [], "threads": [],
                           "devices": devices[name]} for name in setups}
         names = list(setups)
@@ -592,7 +594,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         if cfg.reader_check:
             report["input"] = input_verdict(
                 statistics.median(results["reader_alone"]["images_per_second"]),
-                statistics.median(results["dist"]["images_per_second"]) / cfg.workers,
+                statistics.median(results["dist"]["images_per_second"]) / cfg.num_workers,
                 reader_threads=scaled.reader_threads, rows_per_row_group=_row_group_rows(files),
                 cached=scaled.cache_dir is not None)
         for line in _table(report):
@@ -602,7 +604,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                 json.dump(report, f, indent=1)
         if cfg.results:
             published = publish_results(cfg.results, _entries(report, command), log=log_to_mlflow,
-                                        tracking_uri=tracking_uri, experiment=experiment,
+                                        tracking_uri=tracking_uri, experiment_name=experiment_name,
                                         run_name="bench", own_prefixes=("images_per_second.",))
             out(f"results: {published['results']} and {published['png']}"
                 + (f"; MLflow run {published['run_id']}" if published["run_id"] else ""))
@@ -628,7 +630,7 @@ def _report(results: dict, variants: dict, cfg: BenchConfig) -> dict:
         ratios["scaling_vs_peer"] = per_round("dist", "peer")
     if "reader_alone" in results:
         # One worker's reader alone against what each worker consumes.
-        ratios["input_headroom"] = per_round("reader_alone", "dist", per=cfg.workers)
+        ratios["input_headroom"] = per_round("reader_alone", "dist", per=cfg.num_workers)
     for name in variants:
         ratios[name] = per_round(name, "ceiling")
     for name in _tf_engine_variants(variants):
@@ -920,8 +922,9 @@ def plot_results(results: dict, path: str) -> str:
     return path
 
 
+@renamed_parameters({"experiment": "experiment_name"})
 def publish_results(path: str, entries: dict, *, log: bool = False,
-                    tracking_uri: str | None = None, experiment: str | None = None,
+                    tracking_uri: str | None = None, experiment_name: str | None = None,
                     run_name: str = "benchmark", own_prefixes: tuple = ()) -> dict:
     """Merge ``entries`` into the results file ``path`` (:func:`merge_results`),
     redraw its PNG beside it (same name, ``.png``), and with ``log`` log both
@@ -935,7 +938,7 @@ def publish_results(path: str, entries: dict, *, log: bool = False,
 
         from dist_dl.tracking.target import mlflow_target
 
-        with mlflow_target(tracking_uri, experiment) as experiment_id, \
+        with mlflow_target(tracking_uri, experiment_name) as experiment_id, \
                 mlflow.start_run(run_name=run_name, experiment_id=experiment_id,
                                  nested=mlflow.active_run() is not None) as run:
             commands = sorted({e["command"] for e in entries.values()})

@@ -19,6 +19,7 @@ import types
 import typing
 from typing import Any, Mapping, TypeVar
 
+from dist_dl.deprecation import rename_keys, renamed_parameters, renames_of
 from dist_dl.prepare.config import DataConfig
 from dist_dl.settings import checked, setting
 from dist_dl.train.config import TrainConfig
@@ -33,6 +34,7 @@ T = TypeVar("T")
 ENSEMBLE_SOURCES = ("table", "sklearn_digits", "sklearn_wine", "sklearn_breast_cancer")
 
 
+@renamed_parameters({"experiment": "experiment_name"})
 @dataclasses.dataclass(frozen=True)
 @checked("tracking.")
 class TrackingConfig:
@@ -42,14 +44,15 @@ class TrackingConfig:
         tracking_uri: MLflow tracking URI; None: MLflow's own default (the
             workspace on Databricks, ``MLFLOW_TRACKING_URI`` if set), and for
             the local jobs ``file:<output_dir>/mlruns``.
-        experiment: Experiment name (on Databricks a workspace path such as
-            ``/Shared/dist_dl``).
+        experiment_name: MLflow experiment name (on Databricks a workspace
+            path such as ``/Shared/dist_dl``). The old key ``experiment`` is
+            read with a warning for one release.
         run_name: Name of the training run; default: the model's name.
         registered_model_name: Register the trained model under this name.
     """
 
     tracking_uri: str | None = setting(None)
-    experiment: str = setting("dist_dl", nonempty=True)
+    experiment_name: str = setting("dist_dl", nonempty=True)
     run_name: str | None = setting(None)
     registered_model_name: str | None = setting(None)
 
@@ -100,6 +103,7 @@ class ScoreConfig:
     on_error: str = setting("raise", choices=("raise", "null"))
 
 
+@renamed_parameters({"workers": "num_workers"})
 @dataclasses.dataclass(frozen=True)
 @checked("bench.")
 class BenchConfig:
@@ -109,7 +113,8 @@ class BenchConfig:
         model: Model name from the registry.
         image_size: Side of the synthetic images.
         batch_size: Images per step on each worker.
-        workers: Data-parallel workers of the scaled setup.
+        num_workers: Data-parallel workers of the scaled setup (the old key
+            ``workers`` is read with a warning for one release).
         steps: Timed steps per measurement (after ``warmup_steps``).
         warmup_steps: Untimed steps first (graph tracing, allocator warm-up).
         rounds: Times the setups are repeated, interleaved (medians are
@@ -130,7 +135,7 @@ class BenchConfig:
     model: str = setting("resnet50", nonempty=True)
     image_size: int = setting(64, low=1)
     batch_size: int = setting(32, low=1)
-    workers: int = setting(2, low=1)
+    num_workers: int = setting(2, low=1)
     steps: int = setting(20, low=1)
     warmup_steps: int = setting(5, low=0)
     rounds: int = setting(3, low=1)
@@ -273,6 +278,8 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], source: str = "configu
                          f"mapping of keys to values, got {type(values).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    values = rename_keys(values, renames_of(cls), error=ValueError,
+                         where=f"{prefix.rstrip('.') or 'the configuration'} in {source}")
     unknown = [k for k in values if k not in fields]
     if unknown:
         key = unknown[0]
@@ -379,13 +386,30 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None,
         if not isinstance(loaded, dict):
             raise ValueError(f"{source} must hold a mapping of keys to values, "
                              f"got {type(loaded).__name__}")
-        values = loaded
+        values = _renamed(cls, loaded, source)
         from_mapping(cls, values, source=source)  # report the file's own errors as such
-    given = _nest({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = _renamed(cls, _nest({k: v for k, v in (overrides or {}).items() if v is not None}),
+                     "overrides")
     if given:
         values = _merge(values, given)
         source = f"{source} with overrides" if path is not None else source
     return from_mapping(cls, values, source=source)
+
+
+def _renamed(cls, values, source: str, prefix: str = ""):
+    """``values`` with the deprecated keys of ``cls`` and of its sections
+    under their new names (each warns once, here, before file and overrides
+    are merged: an old key in the file and its new name in an override is
+    the override winning, not a clash)."""
+    if not isinstance(values, Mapping):
+        return values  # from_mapping reports it
+    values = rename_keys(values, renames_of(cls),
+                         where=f"{prefix.rstrip('.') or 'the configuration'} in {source}",
+                         stacklevel=3, error=ValueError)
+    hints = typing.get_type_hints(cls)
+    return {key: _renamed(hints[key], value, source, f"{prefix}{key}.")
+            if key in hints and dataclasses.is_dataclass(hints[key]) else value
+            for key, value in values.items()}
 
 
 def to_dict(config) -> dict[str, Any]:

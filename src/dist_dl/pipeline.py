@@ -157,7 +157,7 @@ def train(config: PipelineConfig, *, master: str | None = None, spark=None):
         spark = _spark(master, spark)
     trained = train_distributed(
         data, validation=validation, config=config.train, spark=spark,
-        tracking_uri=_tracking_uri(config), experiment=config.tracking.experiment,
+        tracking_uri=_tracking_uri(config), experiment_name=config.tracking.experiment_name,
         run_name=config.tracking.run_name,
         registered_model_name=config.tracking.registered_model_name)
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(trained.metrics.items()))
@@ -297,7 +297,7 @@ def bench(config: PipelineConfig, *, master: str | None = None, spark=None) -> d
     return run_benchmark(config.bench, spark=spark if spark is not None or master is None
                          else _spark(master),
                          log_to_mlflow=config.bench.results is not None,
-                         tracking_uri=_tracking_uri(config), experiment=config.tracking.experiment)
+                         tracking_uri=_tracking_uri(config), experiment_name=config.tracking.experiment_name)
 
 
 def _sklearn_frame(spark, source: str, label_col: str):
@@ -343,7 +343,7 @@ def ensemble(config: PipelineConfig, *, master: str | None = None, spark=None):
                             validation_fraction=e.validation_fraction, seed=e.seed,
                             output_dir=config.train.output_dir,
                             tracking_uri=_tracking_uri(config),
-                            experiment_name=config.tracking.experiment)
+                            experiment_name=config.tracking.experiment_name)
     print(f"dist_dl ensemble: accuracy {result.score:.4f} on held-out rows (members "
           f"{', '.join(f'{s:.4f}' for s in result.member_scores)}); MLflow run {result.run_id}")
     return result
@@ -381,7 +381,7 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
                         max_concurrent=s.max_concurrent, algorithm=s.algorithm, mode="max",
                         early_stopping=s.early_stopping, seed=s.seed, spark=spark,
                         tracking_uri=_tracking_uri(config),
-                        experiment_name=config.tracking.experiment, metric_name="val_accuracy")
+                        experiment_name=config.tracking.experiment_name, metric_name="val_accuracy")
     print(f"dist_dl search: best val_accuracy {result.best_value:.4f} with {result.best_params} "
           f"(MLflow run {result.best_run_id}, parent {result.parent_run_id})")
     return result

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dist_dl import compat
+from dist_dl.deprecation import renamed_attribute, renamed_parameters
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.ensemble.memory import check_partition_memory, task_memory
@@ -66,6 +67,7 @@ class _Spec:
                              "from feature_cols")
 
 
+@renamed_parameters({"classes": "class_names"})
 @dataclass(frozen=True)
 class Ensemble:
     """A trained ensemble: its members, scores and the MLflow run that holds it.
@@ -76,6 +78,10 @@ class Ensemble:
         score: The ensemble's accuracy on the held-out rows.
         member_scores: Each member's accuracy on the same rows.
         member_rows: How many training rows each member saw.
+        class_names: The labels the ensemble predicts, in the members' class
+            order (``classes``, the old name, reads it with a warning for
+            one release).
+        feature_cols, label_col, combine: As given to :func:`train_ensemble`.
 
     The members are read from the logged model (``model_uri``) the first time
     ``members``, ``predict`` or ``transform`` needs them.
@@ -86,11 +92,13 @@ class Ensemble:
     score: float
     member_scores: tuple
     member_rows: tuple
-    classes: tuple
+    class_names: tuple
     feature_cols: tuple
     label_col: str
     combine: str
     _loaded: dict = field(default_factory=dict, repr=False, compare=False)
+
+    classes = renamed_attribute("class_names")
 
     def _model(self):
         """The logged pyfunc model, loaded once."""
@@ -121,9 +129,9 @@ class Ensemble:
             raise ValueError(f"prediction_col={prediction_col!r} is already a column of df; "
                              "pass another name")
         blobs = df.sparkSession.sparkContext.broadcast(self._model().member_blobs())
-        label_type = _label_type(self.classes)
+        label_type = _label_type(self.class_names)
         schema = T.StructType([*df.schema.fields, T.StructField(prediction_col, label_type)])
-        fn = functools.partial(_task.predict_partition, blobs=blobs, classes=list(self.classes),
+        fn = functools.partial(_task.predict_partition, blobs=blobs, classes=list(self.class_names),
                                feature_cols=list(self.feature_cols), method=self.combine,
                                prediction_col=prediction_col)
         return df.mapInPandas(fn, schema)
@@ -457,5 +465,5 @@ def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_u
         model_uri = compat.logged_model_location(info, "model")
     return Ensemble(run_id=run_id, model_uri=model_uri, score=ensemble_score,
                     member_scores=member_scores, member_rows=tuple(r.rows for r in results),
-                    classes=classes, feature_cols=spec.feature_cols, label_col=label_col,
+                    class_names=classes, feature_cols=spec.feature_cols, label_col=label_col,
                     combine=combine)

@@ -13,7 +13,10 @@ from dist_dl.launch.backend import Backend, select_backend
 from dist_dl.launch.protocol import VERBOSITIES, DriverSink
 from dist_dl.launch.worker import WorkerOptions
 
-__all__ = ["HorovodRunner", "TFDistributeRunner"]
+__all__ = ["HorovodRunner", "TFDistributeRunner", "BACKEND_NAMES"]
+
+# The names of where workers run, as ``TrainConfig.backend`` spells them.
+BACKEND_NAMES = ("auto", "local", "spark")
 
 
 class HorovodRunner:
@@ -41,7 +44,13 @@ class HorovodRunner:
         pin_cpus: Pin each worker to its own share of the host's cores.
         env: Extra environment variables for every worker.
         spark: SparkSession for ``np > 0`` (default: the active one).
-        backend: A launcher backend to use instead of the automatic choice.
+        backend: Where the workers run, as in ``TrainConfig.backend``: a name,
+            ``"auto"`` (default; the sign of ``np`` decides, as in sparkdl),
+            ``"local"`` (needs ``np < 0``) or ``"spark"`` (needs ``np >
+            0``); or a launcher object of the
+            :class:`dist_dl.launch.backend.Backend` protocol (code, not
+            configuration: a launcher of your own), used as it is with
+            ``abs(np)`` workers.
     """
 
     engine = "horovod"
@@ -49,7 +58,7 @@ class HorovodRunner:
     def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
                  timeout: float | None = None, threads_per_worker: int | None = None,
                  pin_cpus: bool = False, env: dict | None = None, spark=None,
-                 backend: Backend | None = None):
+                 backend: str | Backend = "auto"):
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs -np "
@@ -65,6 +74,7 @@ class HorovodRunner:
                                                or threads_per_worker < 1):
             raise ValueError(f"threads_per_worker must be a positive integer or None, "
                              f"got {threads_per_worker!r}")
+        backend = _checked_backend(backend, np)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self.timeout = timeout
@@ -103,13 +113,35 @@ class HorovodRunner:
         return backend.run(main, kwargs, abs(self.num_processor), options, sink)
 
 
+def _checked_backend(backend, np: int):
+    """The launcher object given, or None for a name (checked against ``np``)."""
+    if backend is None:
+        return None
+    if isinstance(backend, str):
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"backend must be one of {BACKEND_NAMES} or a launcher object, "
+                             f"got {backend!r}")
+        if (backend == "local" and np > 0) or (backend == "spark" and np < 0):
+            where = "processes on the driver" if np < 0 else "Spark tasks"
+            raise ValueError(f"backend={backend!r} but np={np} runs {abs(np)} {where}: pass "
+                             f"np={-np} for backend={backend!r}, or leave backend out")
+        return None
+    if not callable(getattr(backend, "run", None)):
+        raise TypeError(f"backend must be a name {BACKEND_NAMES} or a launcher object with a "
+                        f"run(fn, kwargs, num_proc, options, sink) method, "
+                        f"got {type(backend).__name__}")
+    return backend
+
+
 class TFDistributeRunner(HorovodRunner):
     """Runs a training function on ``np`` workers that form one
     ``tf.distribute.MultiWorkerMirroredStrategy`` job: the counterpart of
     :class:`HorovodRunner` on runtimes without Horovod (Databricks Runtime
     16.0 ML and later). Same arguments and guarantees (task slots checked
     first, the failing rank's error on the driver, timeout, no process left,
-    rank-prefixed output).
+    rank-prefixed output): ``np`` keeps sparkdl's name and sign convention
+    (a count and a place in one number, unlike ``num_workers``, a count), so
+    moving a job from one runner to the other changes the class name only.
 
     Every worker has ``TF_CONFIG`` set; ``main`` creates the strategy first
     (``dist_dl.launch.multi_worker_strategy()``: NCCL on GPUs, RING on CPU; or

@@ -7,6 +7,7 @@ import itertools
 import os
 import warnings
 
+from dist_dl.deprecation import renamed_parameters
 from dist_dl.read.augment import READERS, ReaderConfig, eval_transform, train_transform
 from dist_dl.read.plan import plan_shards
 from dist_dl.read.resolve import resolve_files
@@ -25,19 +26,20 @@ warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
 _FIELDS = ("image", "label", "source_id")
 
 
-def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool = True,
+@renamed_parameters({"size": "num_workers"})
+def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training: bool = True,
                  config: ReaderConfig = ReaderConfig(), steps_per_epoch: int | None = None,
                  num_epochs: int | None = None, version: int | None = None,
                  seed: int | None = None, cache_dir: str | None = None,
                  with_weights: bool = False, include_source_id: bool = False,
                  shuffle: bool | None = None, initial_epoch: int = 0):
-    """Batches of shard ``rank`` of ``size``, decoded and augmented.
+    """Batches of shard ``rank`` of ``num_workers``, decoded and augmented.
 
     Each rank reads whole row groups, row group ``i`` (numbered as
-    :func:`~dist_dl.read.plan.row_groups` does) going to rank ``i % size``,
+    :func:`~dist_dl.read.plan.row_groups` does) going to rank ``i % num_workers``,
     with the reader ``config.reader`` names (see :func:`choose_reader`):
     Petastorm's batch reader (the ``Reader`` that ``make_batch_reader``
-    builds, with ``cur_shard=rank, shard_count=size``; see ``_batch_reader``
+    builds, with ``cur_shard=rank, shard_count=num_workers``; see ``_batch_reader``
     for why it is built here), or the arrow reader
     (:class:`~dist_dl.read.arrow.ArrowShard`, pyarrow alone). Both give a
     rank the same rows every epoch. Each rank yields exactly
@@ -52,15 +54,16 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
     Args:
         url: Dataset folder, Delta table or URL (bare local paths are turned
             into ``file://`` URLs), or a list of Parquet file URLs.
-        rank: This worker's rank, in ``[0, size)``.
-        size: Number of workers.
+        rank: This worker's rank, in ``[0, num_workers)`` (``hvd.rank()``).
+        num_workers: Number of workers (``hvd.size()``; the old name
+            ``size`` is accepted with a warning for one release).
         batch_size: Rows per batch on this rank.
         training: True: random resized crop and flip (and shuffling, unless
             ``shuffle=False``); False: the evaluation transform (centre crop)
             in a fixed order.
         config: Transform and pipeline settings (:class:`ReaderConfig`).
-        steps_per_epoch: Batches per epoch; default ``plan_shards(url, size,
-            batch_size).steps_per_epoch`` (policy "pad"), the same on every
+        steps_per_epoch: Batches per epoch; default ``plan_shards(url,
+            num_workers, batch_size).steps_per_epoch`` (policy "pad"), the same on every
             rank. Pass the driver's figure to avoid re-reading footers.
         num_epochs: Epochs to yield; None repeats forever (use Keras'
             ``steps_per_epoch``).
@@ -95,15 +98,15 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` or, with
         ``with_weights``, ``(images, labels, weights)`` (a tuple Keras takes
-        as sample weights): images float32 ``[batch, size, size, 3]``,
+        as sample weights): images float32 ``[batch, image_size, image_size, 3]``,
         labels int32 ``[batch]``, weights float32 ``[batch]``.
     """
     import tensorflow as tf
 
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < size:
-        raise ValueError(f"rank must be an int in [0, {size}), got {rank!r}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+    if not isinstance(rank, int) or not 0 <= rank < num_workers:
+        raise ValueError(f"rank must be an int in [0, {num_workers}), got {rank!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
@@ -114,7 +117,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         raise ValueError(f"config must be a ReaderConfig, got {type(config).__name__}")
     files = list(url) if isinstance(url, (list, tuple)) else resolve_files(url, version)
     if steps_per_epoch is None:
-        steps_per_epoch = plan_shards(files, size, batch_size).steps_per_epoch
+        steps_per_epoch = plan_shards(files, num_workers, batch_size).steps_per_epoch
     elif not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}")
     target = steps_per_epoch * batch_size
@@ -125,7 +128,7 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
 
         from dist_dl.read.arrow import ArrowShard
 
-        shard = ArrowShard(files, rank, size, config.reader_threads)
+        shard = ArrowShard(files, rank, num_workers, config.reader_threads)
 
         def passes(epoch):
             # One generator per epoch, seeded by (seed, epoch): a new
@@ -134,11 +137,11 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
             return shard.passes(np.random.default_rng(entropy) if shuffle else None)
     else:
         def passes(epoch):
-            return lambda: _petastorm_pass(files, rank, size, shuffle, config.reader_threads)
+            return lambda: _petastorm_pass(files, rank, num_workers, shuffle, config.reader_threads)
 
     def one_epoch():
         epoch = next(epochs)
-        yield from _epoch_rows(passes(epoch), rank, size, target, epoch=epoch)
+        yield from _epoch_rows(passes(epoch), rank, num_workers, target, epoch=epoch)
 
     spec = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.string))
@@ -147,8 +150,8 @@ def make_dataset(url, rank: int, size: int, batch_size: int, *, training: bool =
         os.makedirs(cache_dir, exist_ok=True)
         # The cache is valid for exactly these files, this split and this
         # epoch length; a different dataset version gets a different file.
-        key = hashlib.sha1(repr((files, rank, size, target)).encode()).hexdigest()[:16]
-        rows = rows.cache(os.path.join(cache_dir, f"dist_dl-rank{rank}-of{size}-{key}"))
+        key = hashlib.sha1(repr((files, rank, num_workers, target)).encode()).hexdigest()[:16]
+        rows = rows.cache(os.path.join(cache_dir, f"dist_dl-rank{rank}-of{num_workers}-{key}"))
     rows = rows.repeat(num_epochs)
     if shuffle:
         rows = rows.shuffle(config.shuffle_buffer,

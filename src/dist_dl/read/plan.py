@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dist_dl.deprecation import renamed_attribute, renamed_parameters
 from dist_dl.read.resolve import parquet_file, resolve_files
 
 __all__ = ["ShardPlan", "plan_shards", "steps_per_epoch", "row_groups", "rank_row_groups"]
@@ -18,13 +19,15 @@ __all__ = ["ShardPlan", "plan_shards", "steps_per_epoch", "row_groups", "rank_ro
 POLICIES = ("pad", "drop")
 
 
+@renamed_parameters({"size": "num_workers"})
 @dataclass(frozen=True)
 class ShardPlan:
-    """The split of a dataset over ``size`` ranks.
+    """The split of a dataset over ``num_workers`` ranks.
 
     Attributes:
         files: The Parquet file URLs read (a Delta table's files at its version).
-        size: Number of ranks.
+        num_workers: Number of ranks (``size``, the old name, reads it with a
+            warning for one release).
         batch_size: Rows per batch per rank.
         row_groups: Row groups in the dataset.
         rows: Rows in the dataset.
@@ -34,13 +37,15 @@ class ShardPlan:
     """
 
     files: tuple
-    size: int
+    num_workers: int
     batch_size: int
     row_groups: int
     rows: int
     rows_per_rank: tuple
     steps_per_epoch: int
     policy: str
+
+    size = renamed_attribute("num_workers")
 
 
 def row_groups(files):
@@ -113,9 +118,10 @@ def _check_labels(files, classes: int) -> None:
                          "classes= or the label index the shards were written with")
 
 
-def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
+@renamed_parameters({"size": "num_workers"})
+def plan_shards(url, num_workers: int, batch_size: int, *, version: int | None = None,
                 classes: int | None = None, policy: str = "pad") -> ShardPlan:
-    """Check a dataset for ``size`` ranks and compute the steps per epoch.
+    """Check a dataset for ``num_workers`` ranks and compute the steps per epoch.
 
     Run it on the driver before starting workers (errors then come before any
     worker starts); :func:`~dist_dl.read.make_dataset` runs it again on every
@@ -138,7 +144,8 @@ def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
     Args:
         url: Dataset folder, Delta table or URL (see
             :func:`~dist_dl.read.resolve_files`), or a list of file URLs.
-        size: Number of ranks (workers).
+        num_workers: Number of ranks (``hvd.size()``; the old name ``size``
+            is accepted with a warning for one release).
         batch_size: Rows per batch on each rank.
         version: Delta table version (default: latest).
         classes: If given, labels must lie in ``[0, classes)`` (reads the
@@ -150,7 +157,7 @@ def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
             dataset, fewer row groups than ranks, a rank with no rows, labels
             outside ``[0, classes)``, or bad arguments.
     """
-    for name, value in (("size", size), ("batch_size", batch_size)):
+    for name, value in (("num_workers", num_workers), ("batch_size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if policy not in POLICIES:
@@ -161,13 +168,14 @@ def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
     rows = sum(n for _, _, n in groups)
     if rows == 0:
         raise ValueError(f"the dataset {url} has no rows: write some data first")
-    if len(groups) < size:
+    if len(groups) < num_workers:
         raise ValueError(
-            f"the dataset has {len(groups)} row groups but there are {size} workers: the "
+            f"the dataset has {len(groups)} row groups but there are {num_workers} workers: the "
             f"readers give whole row groups to workers, so each needs at least one. Rewrite it "
-            f"with ShardConfig(rows_per_row_group<={max(1, rows // size)}), or use at most "
+            f"with ShardConfig(rows_per_row_group<={max(1, rows // num_workers)}), or use at most "
             f"{len(groups)} workers")
-    per_rank = [sum(n for _, _, n in rank_row_groups(groups, r, size)) for r in range(size)]
+    per_rank = [sum(n for _, _, n in rank_row_groups(groups, r, num_workers))
+                for r in range(num_workers)]
     empty = [r for r, n in enumerate(per_rank) if n == 0]
     if empty:
         raise ValueError(f"ranks {empty} would get only empty row groups ({len(groups)} row "
@@ -182,12 +190,14 @@ def plan_shards(url, size: int, batch_size: int, *, version: int | None = None,
             raise ValueError(f"policy='drop' with batch_size={batch_size} gives 0 steps: the "
                              f"smallest shard has {min(per_rank)} rows; use a smaller batch "
                              "size or policy='pad'")
-    return ShardPlan(files=tuple(files), size=size, batch_size=batch_size,
+    return ShardPlan(files=tuple(files), num_workers=num_workers, batch_size=batch_size,
                      row_groups=len(groups), rows=rows, rows_per_rank=tuple(per_rank),
                      steps_per_epoch=steps, policy=policy)
 
 
-def steps_per_epoch(url, size: int, batch_size: int, *, version: int | None = None,
+@renamed_parameters({"size": "num_workers"})
+def steps_per_epoch(url, num_workers: int, batch_size: int, *, version: int | None = None,
                     policy: str = "pad") -> int:
     """Batches every rank yields per epoch (see :func:`plan_shards`)."""
-    return plan_shards(url, size, batch_size, version=version, policy=policy).steps_per_epoch
+    return plan_shards(url, num_workers, batch_size, version=version,
+                       policy=policy).steps_per_epoch

@@ -155,9 +155,9 @@ def _wanted(tracking_uri: str | None, me: int) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None):
+def mlflow_target(tracking_uri: str | None = None, experiment_name: str | None = None):
     """Use ``tracking_uri`` (default: the current one) for the block and yield
-    the id of ``experiment`` in it (see :func:`experiment_id`).
+    the id of experiment ``experiment_name`` in it (see :func:`experiment_id`).
 
     The caller's tracking URI is put back afterwards; the active experiment
     and ``MLFLOW_EXPERIMENT_ID`` are never changed. While a block of another
@@ -190,7 +190,7 @@ def mlflow_target(tracking_uri: str | None = None, experiment: str | None = None
         if mlflow.get_tracking_uri() != want:
             mlflow.set_tracking_uri(want)
     try:
-        yield experiment_id(experiment)
+        yield experiment_id(experiment_name)
     finally:
         with _STORE:
             _HOLDERS.remove((me, want))

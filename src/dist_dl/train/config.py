@@ -62,7 +62,8 @@ class TrainConfig:
             ``"local"``: processes on the driver machine (``np=-num_workers``);
             ``"auto"`` (default): local processes when Spark's master is
             ``local[...]`` (the same machine, without Spark's start-up cost),
-            Spark tasks on a cluster.
+            Spark tasks on a cluster. The same names as the runners'
+            ``backend`` (which also takes a launcher object).
         threads_per_worker: CPU threads per worker (default: the host's cores
             shared evenly).
         pin_cpus: Pin each worker to its own share of the host's cores.

@@ -20,6 +20,7 @@ from typing import Callable
 
 from dist_dl import compat
 from dist_dl.databricks.secrets import redact_secrets
+from dist_dl.deprecation import renamed_parameters
 from dist_dl.integrity import checkpoint_key, key_id
 from dist_dl.locations import local_path
 from dist_dl.train.config import TrainConfig
@@ -128,9 +129,10 @@ class TrainedModel:
         return compat.load_keras_file(path, compile=False)
 
 
+@renamed_parameters({"experiment": "experiment_name"})
 def train_distributed(data, *, config: TrainConfig | None = None, validation=None,
                       model: str | Callable | None = None, callbacks: Callable[[], list] | None = None,
-                      spark=None, tracking_uri: str | None = None, experiment: str | None = None,
+                      spark=None, tracking_uri: str | None = None, experiment_name: str | None = None,
                       run_name: str | None = None, registered_model_name: str | None = None,
                       **settings) -> TrainedModel:
     """Train an image classifier on all workers, synchronously (Horovod's
@@ -160,7 +162,9 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             worker (it must be picklable).
         spark: SparkSession; default the DataFrame's, or the active one.
         tracking_uri: MLflow tracking URI (default: MLflow's current one).
-        experiment: MLflow experiment name (default: the active one, else "Default").
+        experiment_name: MLflow experiment name (default: the active one,
+            else "Default"); the old name ``experiment`` is accepted with a
+            warning for one release.
         run_name: Name of the MLflow run (default: the model's name).
         registered_model_name: Also register the model under this name.
         **settings: Any :class:`TrainConfig` field, e.g. ``num_workers=4,
@@ -204,7 +208,7 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
                                                            spark)
     try:
         return _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
-                      tracking_uri, experiment, run_name, registered_model_name)
+                      tracking_uri, experiment_name, run_name, registered_model_name)
     finally:
         if disposable is not None:
             shutil.rmtree(disposable, ignore_errors=True)
@@ -228,7 +232,7 @@ def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str |
 
 
 def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir, tracking_uri,
-           experiment, run_name, registered_model_name) -> TrainedModel:
+           experiment_name, run_name, registered_model_name) -> TrainedModel:
     """Plan, open the run, launch (with retries), collect the result."""
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -249,7 +253,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
         spark = get_spark()
 
     uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
-    with mlflow_target(uri, experiment) as experiment_id:
+    with mlflow_target(uri, experiment_name) as experiment_id:
         client = MlflowClient(uri)
         name = run_name or (builder if isinstance(builder, str) else
                             getattr(builder, "__name__", "custom_model"))
