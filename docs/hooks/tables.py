@@ -57,6 +57,8 @@ def benchmarks_table() -> str:
         rows.append(f"| `{key}`{note} | {_number(f['value'])} | {spread} | "
                     f"{'' if goal is None else _number(goal)} | {met} | `{_cell(f.get('command', ''))}` | "
                     f"{_cell(str(f.get('date', ''))[:10])} |")
+    machines = sorted({f["machine"] for f in figures.values() if f.get("machine")})
+    rows += ["", "Machines: " + "; ".join(_cell(m) for m in machines) + "."] if machines else []
     return "\n".join(rows)
 
 

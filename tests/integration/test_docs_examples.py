@@ -46,7 +46,9 @@ def test_python_examples_run(doc, blocks, tmp_path):
                                   + done.stdout[-3000:] + done.stderr[-6000:])
 
 
-@pytest.mark.parametrize("block", BASH, ids=lambda b: b.where)
+@pytest.mark.parametrize("block", BASH or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no bash block of the README or the docs is runnable: each says why not"))],
+    ids=lambda b: b.where if b else "none")
 def test_bash_examples_run(block):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=docblocks.ROOT,
                           env=_env(), capture_output=True, text=True, timeout=300)

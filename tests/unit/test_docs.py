@@ -88,4 +88,6 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "one per random partition, in Spark tasks" in api, "the API reference has no docstrings"
     reliability = (tmp_path / "site" / "guides" / "reliability" / "index.html").read_text(encoding="utf-8")
     assert "<table>" in reliability, "the reliability table was not rendered from docs/reliability.json"
+    benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert "scaling_vs_peer" in benchmarks, "the benchmark table was not rendered from benchmarks/results.json"
     assert time.monotonic() - start < 60
