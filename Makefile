@@ -3,6 +3,7 @@
 #   make test   install the same way, run the whole test suite
 #   make wheel  build dist/dist_dl-<version>-py3-none-any.whl (what `dist-dl jobs deploy --wheel` uploads)
 #   make test-fast   the same without the tests marked slow (over a minute each)
+#   make docs   build the documentation site into site/ (strict: a broken link or reference fails)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 # PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
 # (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml; PROFILE=dbr-16.4-ml with
@@ -66,7 +67,7 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench wheel bundle clean hosts-tools
+.PHONY: install demo test test-fast bench wheel bundle docs clean hosts-tools
 
 install: $(STAMP)
 
@@ -113,6 +114,12 @@ wheel: $(STAMP)
 # source); tests/unit/test_jobs_bundle.py fails while the committed file is not what this writes.
 bundle: $(STAMP)
 	$(PY) -m dist_dl.databricks.jobs.bundle
+
+# The docs extra is part of dev; a .venv installed before it existed gets it here.
+docs: $(STAMP)
+	$(PY) -c "import mkdocs, mkdocstrings_handlers.python" 2>/dev/null || \
+	  $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[docs]'
+	$(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info runs

@@ -13,6 +13,8 @@ pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
 """
 from setuptools import find_packages, setup
 
+DOCS = ["mkdocs>=1.6,<2", "mkdocstrings[python]>=1.0,<2", "mkdocstrings-python>=2.0,<3"]
+
 setup(
     name="dist_dl",
     version="0.1.0",
@@ -50,7 +52,12 @@ setup(
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.optional names it).
         "samples": ["scikit-learn>=1.3"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3"],
+        # The documentation site (make docs): MkDocs, and mkdocstrings, which
+        # reads the docstrings statically (griffe) without importing TensorFlow
+        # or Spark.
+        "docs": DOCS,
+        # The tests build the site in strict mode (tests/unit/test_docs.py).
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3", *DOCS],
     },
     entry_points={"console_scripts": ["dist-dl=dist_dl.cli:main"]},
 )

@@ -122,22 +122,22 @@ def test_tf_keras_fit_keeps_weights_identical_on_all_ranks():
     assert any(abs(w) > 0 for w in rows[0])
 
 
-def _readme_example(heading: str) -> dict:
-    """The functions the README's example under ``heading`` defines (its
-    code up to the first call of a runner)."""
+def _docs_example(page: str, heading: str) -> dict:
+    """The functions the example under ``heading`` of the docs page ``page``
+    defines (its code up to the first call of a runner)."""
     from pathlib import Path
 
-    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    text = Path(__file__).resolve().parents[1].joinpath("docs", page).read_text()
     block = text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     code = block.split("\nhistory = ", 1)[0]
-    namespace = {"__name__": "readme_example"}  # not importable: pickled by value
-    exec(compile(code, "README.md", "exec"), namespace)
+    namespace = {"__name__": "docs_example"}  # not importable: pickled by value
+    exec(compile(code, page, "exec"), namespace)
     return namespace
 
 
 @pytest.mark.timeout(150)
-def test_readme_tf_distribute_example(capsys):
-    train = _readme_example("## Example: your own training code with tf.distribute")["train"]
+def test_docs_tf_distribute_example(capsys):
+    train = _docs_example("guides/runners.md", "## TFDistributeRunner")["train"]
     history = TFDistributeRunner(np=-2).run(train, epochs=3)
     assert len(history["accuracy"]) == 3 and history["accuracy"][-1] > 0.7
     out = capsys.readouterr().out
