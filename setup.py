@@ -57,7 +57,7 @@ setup(
         # or Spark.
         "docs": DOCS,
         # The tests build the site in strict mode (tests/unit/test_docs.py).
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3", *DOCS],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-learn>=1.3", *DOCS],
     },
     entry_points={"console_scripts": ["dist-dl=dist_dl.cli:main"]},
 )
