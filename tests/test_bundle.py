@@ -20,7 +20,7 @@ import pytest
 import yaml
 from databricks.sdk.service.jobs import JobSettings
 
-from dist_dl.databricks.jobs import WHEEL_PLACEHOLDER
+from dist_dl.app.databricks.jobs import WHEEL_PLACEHOLDER
 
 pytestmark = pytest.mark.timeout(60)
 

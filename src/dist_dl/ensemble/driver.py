@@ -24,15 +24,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.ensemble.memory import check_partition_memory, task_memory
-from dist_dl.integrity import verify_file
-from dist_dl.locations import local_path
-from dist_dl.session import job_group
-from dist_dl.settings import checked, setting
-from dist_dl.storage import check_shared
+from dist_dl.core.integrity import verify_file
+from dist_dl.core.locations import local_path
+from dist_dl.core.session import job_group
+from dist_dl.core.settings import checked, setting
+from dist_dl.core.storage import check_shared
 
 __all__ = ["train_ensemble", "Ensemble"]
 

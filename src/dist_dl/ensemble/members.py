@@ -93,7 +93,7 @@ def read_members(paths: Sequence[str], digests: Sequence[str] | None) -> list[by
     Raises:
         IntegrityError: a file does not match its digest (named, with both digests).
     """
-    from dist_dl.integrity import read_verified
+    from dist_dl.core.integrity import read_verified
 
     if digests is not None and len(digests) != len(paths):
         raise ValueError(f"{len(paths)} member files but {len(digests)} digests")

@@ -91,7 +91,7 @@ def _as_rgb(img):
 def read_source(path: str) -> bytes:
     """Bytes of the file at ``path`` (a local path, ``file:``, ``dbfs:/`` or
     any URI pyarrow has a filesystem for). Raises ``OSError`` if unreadable."""
-    from dist_dl.locations import is_remote, local_path
+    from dist_dl.core.locations import is_remote, local_path
 
     if not is_remote(path):
         path = local_path(path)

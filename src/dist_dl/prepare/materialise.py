@@ -27,7 +27,7 @@ import os
 import shutil
 import uuid
 
-from dist_dl.locations import file_path
+from dist_dl.core.locations import file_path
 
 __all__ = ["materialise_dataframe", "fingerprint_dataframes"]
 

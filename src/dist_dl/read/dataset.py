@@ -189,7 +189,7 @@ def choose_reader(reader: str = "auto") -> str:
             return "arrow"
         # Not optional.require: Petastorm that is installed but broken (0.13.1
         # on pyarrow 16+) raises more than ImportError; the hint is the same.
-        from dist_dl.optional import install_hint
+        from dist_dl.core.optional import install_hint
 
         raise ImportError(
             f"reader='petastorm' needs Petastorm, which does not import here "

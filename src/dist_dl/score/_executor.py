@@ -66,7 +66,7 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
     """
     import pandas as pd
 
-    from dist_dl.pyworker import prepare_python_worker
+    from dist_dl.core.pyworker import prepare_python_worker
 
     prepare_python_worker()
     model = None

@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 
-from dist_dl.locations import file_url
+from dist_dl.core.locations import file_url
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
            "attached_run"]

@@ -2,7 +2,15 @@
 that runs inside each Horovod worker (``worker.py``) or tf.distribute worker
 (``worker_tf.py``), with checkpoints, the learning-rate schedule and the
 model registry."""
-from dist_dl.train.config import TrainConfig
-from dist_dl.train.driver import TrainedModel, TrainingFailed, train_distributed
+from dist_dl.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "train_distributed": "dist_dl.train.driver",
+    "TrainedModel": "dist_dl.train.driver",
+    "TrainingFailed": "dist_dl.train.driver",
+    "TrainConfig": "dist_dl.train.config",
+}
 
 __all__ = ["train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -41,7 +41,7 @@ warning that names it, in favour of the previous complete one.
 
 Who may have written it: the checkpoint directory is shared storage, which
 others can write too. With a ``key`` (``train_distributed`` always passes
-one, see :func:`dist_dl.integrity.checkpoint_key`; it is never stored in
+one, see :func:`dist_dl.core.integrity.checkpoint_key`; it is never stored in
 the directory) the writer signs the manifest with an HMAC-SHA256 and a
 reader refuses, with :class:`UntrustedCheckpoint`, any published checkpoint
 whose manifest is unsigned or signed with another key: only someone without
@@ -76,10 +76,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dist_dl import compat
-from dist_dl.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
-from dist_dl.launch.device import horovod_if_initialized, process_rank
-from dist_dl.lazy import lazy_attributes
+from dist_dl.core import compat
+from dist_dl.core.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
+from dist_dl.core.placement import horovod_if_initialized, process_rank
+from dist_dl.core.lazy import lazy_attributes
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
            "UntrustedCheckpoint", "resume", "save_as_peer"]
@@ -616,5 +616,5 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# CheckpointCallback subclasses a Keras class: defined on first use (see dist_dl.lazy).
+# CheckpointCallback subclasses a Keras class: defined on first use (see dist_dl.core.lazy).
 __getattr__ = lazy_attributes(globals(), CheckpointCallback=_define_checkpoint_callback)

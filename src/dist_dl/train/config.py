@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dist_dl.read.augment import READERS
-from dist_dl.settings import checked, setting
+from dist_dl.core.settings import checked, setting
 
 __all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
 

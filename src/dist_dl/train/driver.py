@@ -18,10 +18,10 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dist_dl import compat
-from dist_dl.databricks.secrets import redact_secrets
-from dist_dl.integrity import checkpoint_key, key_id
-from dist_dl.locations import local_path
+from dist_dl.core import compat
+from dist_dl.core.redact import redact_secrets
+from dist_dl.core.integrity import checkpoint_key, key_id
+from dist_dl.core.locations import local_path
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_distributed", "TrainedModel", "TrainingFailed"]
@@ -194,7 +194,7 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     output_dir = local_path(cfg.output_dir, "output_dir")
     spark = spark or _session_of(data) or _session_of(validation)
     if spark is None and cfg.backend == "spark":
-        from dist_dl.session import get_spark
+        from dist_dl.core.session import get_spark
 
         spark = get_spark()
     if spark is not None and (_is_dataframe(data) or _backend(cfg.backend, spark) == "spark"):
@@ -216,7 +216,7 @@ def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str |
     be shared."""
     import mlflow
 
-    from dist_dl.storage import check_shared
+    from dist_dl.core.storage import check_shared
     from dist_dl.tracking.target import store_folder
 
     outputs = {"output_dir": cfg.output_dir, "checkpoint_dir": cfg.checkpoint_dir or None,
@@ -244,7 +244,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
     backend = _backend(cfg.backend, spark)
     if backend == "spark" and spark is None:
-        from dist_dl.session import get_spark
+        from dist_dl.core.session import get_spark
 
         spark = get_spark()
 
@@ -459,12 +459,12 @@ def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig, key: bytes) -> int:
 
 def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
     from dist_dl.launch import HorovodRunner, JobTimeout, TFDistributeRunner, WorkerError
-    from dist_dl.quiet import quiet_env
+    from dist_dl.core.quiet import quiet_env
 
     if cfg.keras == 3:
         from dist_dl.train.worker_keras3 import train_worker_keras3 as train_worker
         # Keras 3 as tf.keras and as the library's Keras in every worker
-        # (dist_dl.compat): not the launcher's default tf-keras.
+        # (dist_dl.core.compat): not the launcher's default tf-keras.
         runner_class = TFDistributeRunner
         env = {**quiet_env(), compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"}
     elif cfg.engine == "tensorflow":

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["WorkerSpec", "train_worker"]
@@ -55,7 +55,7 @@ class WorkerSpec:
             in every worker (after Horovod init).
         attempt: 1 for the first attempt, 2 for the first retry, ...
         checkpoint_key: Signs and checks the checkpoints (kept out of the
-            checkpoint folder; see ``dist_dl.integrity.checkpoint_key``).
+            checkpoint folder; see ``dist_dl.core.integrity.checkpoint_key``).
     """
 
     config: TrainConfig
@@ -89,7 +89,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.launch.device import launcher_place
+    from dist_dl.core.placement import launcher_place
     from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
     from dist_dl.train.timing import step_timer
 
@@ -367,7 +367,7 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
     """Progress lines to the driver: epoch, step, images/s and time left."""
     keras = compat.keras()
     from dist_dl.launch import log_to_driver
-    from dist_dl.progress import format_duration
+    from dist_dl.core.progress import format_duration
 
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

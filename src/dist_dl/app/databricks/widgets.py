@@ -66,7 +66,7 @@ def _convert(name: str, text: str, default: Any) -> Any:
 
 def config_from_widgets(values: Mapping[str, Any], settings: Mapping[str, str], *,
                         config_widget: str = "config", overrides_widget: str = "overrides"):
-    """The :class:`~dist_dl.config.PipelineConfig` a notebook's widgets describe.
+    """The :class:`~dist_dl.app.config.PipelineConfig` a notebook's widgets describe.
 
     Args:
         values: What :func:`read_widgets` returned.
@@ -77,7 +77,7 @@ def config_from_widgets(values: Mapping[str, Any], settings: Mapping[str, str], 
         overrides_widget: A widget of further ``section.key=value`` settings,
             separated by spaces (may be absent or blank).
     """
-    from dist_dl.config import PipelineConfig, load_config, parse_overrides
+    from dist_dl.app.config import PipelineConfig, load_config, parse_overrides
 
     missing = sorted((set(settings) | {config_widget}) - set(values))
     if missing:

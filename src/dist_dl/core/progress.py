@@ -9,7 +9,7 @@ tasks add their items to (images decoded). Spark hands a task's accumulator
 updates to the driver when the task ends, so counts move a task at a time;
 task counts come from Spark's status store, which can lag them by a second.
 
-The console progress bar of Spark is off in ``dist_dl.session`` (its
+The console progress bar of Spark is off in ``dist_dl.core.session`` (its
 carriage returns garble notebook and job logs); these are whole lines.
 """
 from __future__ import annotations

@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
-from dist_dl.databricks.jobs.errors import JobFileError, Problem
-from dist_dl.databricks.jobs.walk import label, round_trip_losses, strings, task_and_field
-from dist_dl.steps import STEPS, step_parser
+from dist_dl.app.databricks.jobs.errors import JobFileError, Problem
+from dist_dl.app.databricks.jobs.walk import label, round_trip_losses, strings, task_and_field
+from dist_dl.app.steps import STEPS, step_parser
 
 __all__ = ["WHEEL_PLACEHOLDER", "WHEEL_NAME", "PACKAGE", "ENTRY_POINT", "validate", "load_job",
            "read_job", "edit_markers", "default_job_files"]
@@ -35,7 +35,7 @@ PACKAGE = "dist_dl"
 ENTRY_POINT = "dist-dl"
 """The console script a wheel task runs (``dist_dl.cli:main``; tests check setup.py declares it)."""
 
-# The source checkout, when the package runs from one (src/dist_dl/databricks/jobs/ is four
+# The source checkout, when the package runs from one (src/dist_dl/app/databricks/jobs/ is four
 # folders down): its notebooks/ and jobs/ folders are the defaults for job dicts and for
 # `jobs validate`. An installed wheel has neither; the current folder's are used there.
 _CHECKOUT = Path(__file__).resolve().parents[4]
@@ -134,7 +134,7 @@ class _Command(NamedTuple):
 def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> _Command:
     """Parse a wheel task's parameters like the console script would and load
     its configuration; returns the command."""
-    from dist_dl.config import PipelineConfig, load_config, parse_overrides
+    from dist_dl.app.config import PipelineConfig, load_config, parse_overrides
 
     field = "python_wheel_task.parameters"
     argv = [_substitute(a, config_values) if isinstance(a, str) else a for a in argv]
@@ -170,7 +170,7 @@ def _known_engine(args) -> str | None:
     """``train.engine`` as far as a command line whose whole configuration
     does not load tells it: its last ``--set train.engine=...`` on the named
     configuration; None where that is unresolved too or does not load."""
-    from dist_dl.config import PipelineConfig, load_config, parse_overrides
+    from dist_dl.app.config import PipelineConfig, load_config, parse_overrides
 
     engine = [s for s in args.set or [] if s.partition("=")[0].strip() == "train.engine"][-1:]
     if any(_REFERENCE.search(s) for s in engine + [args.config or ""]):

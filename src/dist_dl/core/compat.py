@@ -206,7 +206,7 @@ def not_a_library_keras_model(model) -> str:
     if keras3_default() and type(model).__module__.split(".")[0] == "keras":
         return (f"model is a Keras 3 model ({kind}); the library logs Keras 3 models from "
                 f"Keras 3.5 on (this is {_version('keras')}), and Keras 2 models (tf-keras, as "
-                "Horovod needs, horovod#4290) everywhere: build it with dist_dl.compat.keras() "
+                "Horovod needs, horovod#4290) everywhere: build it with dist_dl.core.compat.keras() "
                 "(or `import tf_keras`), or set TF_USE_LEGACY_KERAS=1 before TensorFlow is first "
                 "imported so that tf.keras is Keras 2")
     return f"model must be a Keras Model of {keras().__name__}, got {kind}"

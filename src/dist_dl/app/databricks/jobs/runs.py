@@ -6,10 +6,10 @@ import os
 import time
 from typing import Mapping
 
-from dist_dl.databricks.jobs.errors import (JobFileError, JobsError, Problem, RunFailedError,
+from dist_dl.app.databricks.jobs.errors import (JobFileError, JobsError, Problem, RunFailedError,
                                             RunResult)
-from dist_dl.databricks.jobs.validation import load_job
-from dist_dl.databricks.jobs.workspace import calling, connect, find_job, say
+from dist_dl.app.databricks.jobs.validation import load_job
+from dist_dl.app.databricks.jobs.workspace import calling, connect, find_job, say
 
 __all__ = ["run"]
 

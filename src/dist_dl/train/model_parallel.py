@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dist_dl import compat
+from dist_dl.core import compat
 
 __all__ = ["split_model", "split_cpu"]
 

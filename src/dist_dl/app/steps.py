@@ -1,8 +1,8 @@
 """The steps of a job as ``dist-dl`` commands: their names, the function of
-:mod:`dist_dl.pipeline` each runs, and their options.
+:mod:`dist_dl.app.pipeline` each runs, and their options.
 
-Below both the command line (:mod:`dist_dl.cli`) and job validation
-(:mod:`dist_dl.databricks.jobs`), which parses a job task's parameters with
+Below both the command line (:mod:`dist_dl.app.cli`) and job validation
+(:mod:`dist_dl.app.databricks.jobs`), which parses a job task's parameters with
 :func:`step_parser` exactly as the console script would: neither imports the
 other.
 """
@@ -13,7 +13,7 @@ from typing import Callable
 
 __all__ = ["STEPS", "add_steps", "step_parser"]
 
-# Command -> (function in dist_dl.pipeline, help).
+# Command -> (function in dist_dl.app.pipeline, help).
 STEPS = {
     "prepare-data": ("prepare_data", "write image shards (Parquet or Delta) from a folder tree, "
                                      "a table, or synthetic/sample images"),

@@ -23,12 +23,12 @@ One module per concern: ``errors`` (errors and results), ``walk`` (where a
 value is in a job dict), ``validation``, ``workspace`` (the client and
 deploy), ``runs`` and ``command`` (``dist-dl jobs``).
 """
-from dist_dl.databricks.jobs.command import add_jobs_command, main
-from dist_dl.databricks.jobs.errors import (AuthenticationError, JobFileError, JobsError, Problem,
+from dist_dl.app.databricks.jobs.command import add_jobs_command, main
+from dist_dl.app.databricks.jobs.errors import (AuthenticationError, JobFileError, JobsError, Problem,
                                             RunFailedError, RunResult)
-from dist_dl.databricks.jobs.runs import run
-from dist_dl.databricks.jobs.validation import WHEEL_PLACEHOLDER, load_job, validate
-from dist_dl.databricks.jobs.workspace import deploy
+from dist_dl.app.databricks.jobs.runs import run
+from dist_dl.app.databricks.jobs.validation import WHEEL_PLACEHOLDER, load_job, validate
+from dist_dl.app.databricks.jobs.workspace import deploy
 
 __all__ = ["WHEEL_PLACEHOLDER", "Problem", "JobsError", "JobFileError", "AuthenticationError",
            "RunFailedError", "RunResult", "validate", "load_job", "deploy", "run",

@@ -84,7 +84,7 @@ def checked(prefix: str | None = None):
                    if not isinstance(cls.__dict__.get(name), dataclasses.Field)
                    or SETTING not in cls.__dict__[name].metadata]
         if missing:
-            raise TypeError(f"{cls.__qualname__} declares {missing} without dist_dl.settings."
+            raise TypeError(f"{cls.__qualname__} declares {missing} without dist_dl.core.settings."
                             "setting(...): say what values each field takes")
         own = cls.__dict__.get("__post_init__")
 

@@ -7,7 +7,8 @@ notebook text, MLflow parameters or logs: job definitions reference them as
 environment variables and Spark configuration, and redacts them in logs);
 notebooks and code read them with :func:`read_secret`; the library logs its
 configuration, never its environment (``tests/test_secrets.py`` plants a
-canary token and searches every output of a training run for it).
+canary token and searches every output of a training run for it). What is
+stored is redacted first (:mod:`dist_dl.core.redact`).
 
 Storage (ADLS Gen2): give Spark a SAS token that is scoped to one container
 (or directory) with only the permissions the job needs (read for raw images,
@@ -26,11 +27,9 @@ import os
 import re
 import urllib.parse
 
-__all__ = ["read_secret", "use_sas_token", "sas_expiry", "redact", "redact_secrets"]
+from dist_dl.core.redact import redact, remember_secret
 
-# Values this process read with read_secret or gave to use_sas_token: always
-# redacted by redact_secrets (the process's memory only, never written).
-_known: set[str] = set()
+__all__ = ["read_secret", "use_sas_token", "sas_expiry", "redact"]
 
 
 def _env_name(scope: str, key: str) -> str:
@@ -53,7 +52,7 @@ def read_secret(scope: str, key: str, *, env: str | None = None, dbutils=None) -
             raise KeyError(f"secret {scope}/{key} not found: on Databricks pass dbutils (the "
                            f"secret scope {scope!r}); elsewhere set the environment variable "
                            f"{name}")
-    _known.add(value)
+    remember_secret(value)
     return value
 
 
@@ -114,7 +113,7 @@ def use_sas_token(spark, account: str, token: str, *, min_validity_hours: float 
         raise ValueError(f"account must be a storage account name (3-24 lowercase letters and "
                          f"digits), got {account!r}")
     expiry = sas_expiry(token)
-    _known.update({token.lstrip("?"), *urllib.parse.parse_qs(token.lstrip("?"))["sig"]})
+    remember_secret(token.lstrip("?"), *urllib.parse.parse_qs(token.lstrip("?"))["sig"])
     left = expiry - _dt.datetime.now(_dt.timezone.utc)
     if left < _dt.timedelta(hours=min_validity_hours):
         state = "expired" if left.total_seconds() <= 0 else "expires"
@@ -125,49 +124,3 @@ def use_sas_token(spark, account: str, token: str, *, min_validity_hours: float 
     spark.conf.set(f"fs.azure.sas.token.provider.type.{suffix}",
                    "org.apache.hadoop.fs.azurebfs.sas.FixedSASTokenProvider")
     spark.conf.set(f"fs.azure.sas.fixed.token.{suffix}", token.lstrip("?"))
-
-
-def redact(text: str, *secrets: str) -> str:
-    """``text`` with every occurrence of each secret replaced by ``[REDACTED]``."""
-    # Longest first, so that a secret containing another is replaced whole.
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, "[REDACTED]")
-    return text
-
-
-# Environment variables whose values are credentials: what a job cluster gets
-# from {{secrets/...}} references (DATABRICKS_TOKEN, MLFLOW_TRACKING_TOKEN,
-# AWS_SECRET_ACCESS_KEY, DIST_DL_SECRET_*, ...).
-_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|"
-                         r"PRIVATE_KEY|SAS|^DIST_DL_CHECKPOINT_KEY$", re.IGNORECASE)
-# Credentials that show their kind in the text: signed-URL and SAS query
-# parameters, bearer tokens, Databricks personal access tokens.
-_SECRET_TEXT = re.compile(
-    r"(?i)(\b(?:sig|signature|token|access_token|password|secret|x-amz-signature|"
-    r"x-amz-credential|x-amz-security-token|x-goog-signature)=)[^&\s\"'<>]+"
-    r"|(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"
-    r"|()\bdapi[0-9a-f]{32}\b")
-_MIN_SECRET = 8  # shorter environment values ("1", "true") are not credentials
-
-
-def redact_secrets(text: str) -> str:
-    """``text`` as it may be stored (MLflow tags and artifacts, logs): with
-    every secret this process knows replaced by ``[REDACTED]``.
-
-    Known here: values read with :func:`read_secret` or given to
-    :func:`use_sas_token` in this process, values of environment variables
-    named like credentials (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
-    ``*KEY*`` of access keys, ``DIST_DL_SECRET_*``, ...), and credentials
-    recognisable in the text itself (``sig=``/``token=`` query parameters,
-    ``Bearer ...``, Databricks ``dapi...`` tokens). Worker errors pass
-    through it on the worker and again on the driver before anything of them
-    is stored, as parameters pass through their own redaction.
-    """
-    if not text:
-        return text
-    values = set(_known)
-    values.update(v for k, v in os.environ.items()
-                  if _SECRET_ENV.search(k) and len(v) >= _MIN_SECRET)
-    text = redact(text, *values)
-    return _SECRET_TEXT.sub(lambda m: (m.group(1) or m.group(2) or "") + "[REDACTED]", text)

@@ -208,11 +208,11 @@ def job_group(sc, group: str, description: str):
     error goes on. Either way the thread's job group and description are
     cleared at the end, so later jobs of the caller are not filed under it.
 
-    Off ``local[...]``, a :class:`~dist_dl.stall.StallWatch` turns jobs that
+    Off ``local[...]``, a :class:`~dist_dl.core.stall.StallWatch` turns jobs that
     cannot run (no executor starts, executors keep dying) into
-    :class:`~dist_dl.stall.SparkStalled` after ``spark.dist_dl.stallTimeout``.
+    :class:`~dist_dl.core.stall.SparkStalled` after ``spark.dist_dl.stallTimeout``.
     """
-    from dist_dl.stall import SparkStalled, StallWatch
+    from dist_dl.core.stall import SparkStalled, StallWatch
 
     sc.setJobGroup(group, description, interruptOnCancel=True)
     watch = StallWatch(sc, group, description)  # idle on local[...] masters

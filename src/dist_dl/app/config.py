@@ -20,7 +20,7 @@ import typing
 from typing import Any, Mapping, TypeVar
 
 from dist_dl.prepare.config import DataConfig
-from dist_dl.settings import checked, setting
+from dist_dl.core.settings import checked, setting
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["PipelineConfig", "TrackingConfig", "EvaluateConfig", "ScoreConfig", "BenchConfig",

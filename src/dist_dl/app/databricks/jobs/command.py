@@ -1,17 +1,17 @@
 """``dist-dl jobs validate | deploy | run``: the command line of the jobs
-package (``dist_dl.cli`` adds it to ``dist-dl``; ``python -m
-dist_dl.databricks.jobs`` runs it alone)."""
+package (``dist_dl.app.cli`` adds it to ``dist-dl``; ``python -m
+dist_dl.app.databricks.jobs`` runs it alone)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from dist_dl.databricks.jobs.errors import JobFileError, JobsError, Problem
-from dist_dl.databricks.jobs.runs import run
-from dist_dl.databricks.jobs.validation import (default_job_files, edit_markers, read_job,
+from dist_dl.app.databricks.jobs.errors import JobFileError, JobsError, Problem
+from dist_dl.app.databricks.jobs.runs import run
+from dist_dl.app.databricks.jobs.validation import (default_job_files, edit_markers, read_job,
                                                 validate)
-from dist_dl.databricks.jobs.workspace import deploy
+from dist_dl.app.databricks.jobs.workspace import deploy
 
 __all__ = ["add_jobs_command", "main"]
 

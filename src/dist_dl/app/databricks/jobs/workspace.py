@@ -15,9 +15,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from dist_dl import compat
-from dist_dl.databricks.jobs.errors import AuthenticationError, JobFileError, JobsError
-from dist_dl.databricks.jobs.validation import (ENTRY_POINT, WHEEL_NAME, WHEEL_PLACEHOLDER,
+from dist_dl.core import compat
+from dist_dl.app.databricks.jobs.errors import AuthenticationError, JobFileError, JobsError
+from dist_dl.app.databricks.jobs.validation import (ENTRY_POINT, WHEEL_NAME, WHEEL_PLACEHOLDER,
                                                 edit_markers, load_job, read_job)
 
 __all__ = ["deploy", "connect", "calling", "find_job", "say"]

@@ -62,9 +62,9 @@ import statistics
 import tempfile
 from typing import Callable
 
-from dist_dl import compat
-from dist_dl.config import BenchConfig
-from dist_dl.locations import file_url
+from dist_dl.core import compat
+from dist_dl.app.config import BenchConfig
+from dist_dl.core.locations import file_url
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "MemoryPeaks", "thread_split", "input_verdict",
@@ -259,7 +259,7 @@ class StepRecorder:
                 self.times.record()
 
             def on_train_end(self, logs=None):
-                from dist_dl.launch.device import process_rank
+                from dist_dl.core.placement import process_rank
 
                 rank = process_rank()  # Horovod's, or the index in TF_CONFIG
                 with open(f"{prefix}-rank{rank}.json", "w") as f:
@@ -560,7 +560,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
             if spark is None:
                 from pyspark.sql import SparkSession
 
-                from dist_dl.session import get_spark
+                from dist_dl.core.session import get_spark
 
                 spark = SparkSession.getActiveSession() or get_spark(f"local[{cfg.workers}]")
             setups["peer"], devices["peer"] = peer, cfg.workers
@@ -689,7 +689,7 @@ def _row_group_rows(files: list) -> int | None:
     try:
         import pyarrow.parquet as pq
 
-        from dist_dl.locations import local_path
+        from dist_dl.core.locations import local_path
 
         meta = pq.ParquetFile(local_path(files[0], "shard")).metadata
         return meta.num_rows // max(1, meta.num_row_groups)

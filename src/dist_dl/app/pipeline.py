@@ -1,4 +1,4 @@
-"""The steps of a job, each from one :class:`~dist_dl.config.PipelineConfig`.
+"""The steps of a job, each from one :class:`~dist_dl.app.config.PipelineConfig`.
 
 Driver side. The command line (``dist-dl <step> --config ...``), the job
 definitions in ``jobs/`` and the notebooks all call these functions, so a
@@ -21,10 +21,10 @@ import shutil
 import uuid
 from typing import Any
 
-from dist_dl.config import PipelineConfig
-from dist_dl.locations import local_path, spark_path
-from dist_dl.optional import require
-from dist_dl.storage import check_shared
+from dist_dl.app.config import PipelineConfig
+from dist_dl.core.locations import local_path, spark_path
+from dist_dl.core.optional import require
+from dist_dl.core.storage import check_shared
 
 __all__ = ["prepare_data", "train", "evaluate", "score", "bench", "ensemble", "search",
            "run_pipeline", "GateFailed", "model_versions", "registered_or_trained"]
@@ -37,7 +37,7 @@ class GateFailed(RuntimeError):
 def _spark(master: str | None, spark=None):
     if spark is not None:
         return spark
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     return get_spark(master)
 
@@ -292,7 +292,7 @@ def score(config: PipelineConfig, *, master: str | None = None, spark=None,
 
 def bench(config: PipelineConfig, *, master: str | None = None, spark=None) -> dict:
     """The throughput and scaling benchmark of the ``bench`` section."""
-    from dist_dl.bench import run_benchmark
+    from dist_dl.app.bench import run_benchmark
 
     return run_benchmark(config.bench, spark=spark if spark is not None or master is None
                          else _spark(master),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dist_dl.sparkconf import conf_value
+from dist_dl.core.sparkconf import conf_value
 
 __all__ = ["StallWatch", "SparkStalled", "stall_timeout", "STALL_TIMEOUT_KEY"]
 
