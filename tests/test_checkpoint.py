@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dist_dl.core import compat
-from dist_dl.train.checkpoint import (CheckpointCallback, CheckpointManager,
-                                      CorruptCheckpointWarning, UntrustedCheckpoint, resume)
+from dist_dl.train.checkpoint import CheckpointManager, CorruptCheckpointWarning, UntrustedCheckpoint
+from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
 
 # Ship this module's worker functions to Horovod workers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -35,7 +35,7 @@ _EXPORTS = {
     "NotEnoughSlots": "dist_dl.launch.errors",
     "train_distributed": "dist_dl.train.driver",
     "TrainedModel": "dist_dl.train.driver",
-    "TrainingFailed": "dist_dl.train.driver",
+    "TrainingFailed": "dist_dl.train.attempts",
     "TrainConfig": "dist_dl.train.config",
 }
 

@@ -7,7 +7,7 @@ from dist_dl.core.lazy import lazy_exports
 _EXPORTS = {
     "train_distributed": "dist_dl.train.driver",
     "TrainedModel": "dist_dl.train.driver",
-    "TrainingFailed": "dist_dl.train.driver",
+    "TrainingFailed": "dist_dl.train.attempts",
     "TrainConfig": "dist_dl.train.config",
 }
 

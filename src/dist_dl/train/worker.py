@@ -90,7 +90,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     keras = compat.keras()
 
     from dist_dl.core.placement import launcher_place
-    from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
+    from dist_dl.train.checkpoint import CheckpointManager
+    from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config

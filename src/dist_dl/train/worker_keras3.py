@@ -68,7 +68,7 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
                            "where the keras package is 3.x")
     keras = compat.keras()
 
-    from dist_dl.train.checkpoint import resume
+    from dist_dl.train.checkpoint_loop import resume
 
     cfg = spec.config
     strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)

@@ -45,7 +45,7 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.train.checkpoint import resume
+    from dist_dl.train.checkpoint_loop import resume
 
     cfg = spec.config
     strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)
@@ -72,7 +72,7 @@ def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manage
     resumed after the same epoch, the attempt's first line, this worker's
     training data, and the callbacks (the collective ones in the same order
     on every worker, then rank 0's)."""
-    from dist_dl.train.checkpoint import CheckpointCallback
+    from dist_dl.train.checkpoint_loop import CheckpointCallback
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
