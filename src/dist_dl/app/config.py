@@ -19,8 +19,8 @@ import types
 import typing
 from typing import Any, Mapping, TypeVar
 
-from dist_dl.prepare.config import DataConfig
 from dist_dl.core.settings import checked, setting
+from dist_dl.prepare.config import DataConfig
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["PipelineConfig", "TrackingConfig", "EvaluateConfig", "ScoreConfig", "BenchConfig",

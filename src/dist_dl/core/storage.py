@@ -14,6 +14,7 @@ import socket
 import uuid
 
 from dist_dl.core.locations import is_remote, local_path
+from dist_dl.core.session import job_group
 
 __all__ = ["check_shared", "NotShared"]
 
@@ -85,7 +86,6 @@ def check_shared(spark, outputs: dict[str, str | None], inputs: dict[str, str | 
             probes[name] = marker
         if not probes:
             return
-        from dist_dl.core.session import job_group
 
         names = list(probes)
         with job_group(sc, f"dist_dl-shared-check-{tag[:8]}",

@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from dist_dl.core import compat
-from dist_dl.ensemble import task as _task
-from dist_dl.ensemble.members import COMBINE_METHODS
-from dist_dl.ensemble.memory import check_partition_memory, task_memory
 from dist_dl.core.integrity import verify_file
 from dist_dl.core.locations import local_path
 from dist_dl.core.session import job_group
 from dist_dl.core.settings import checked, setting
 from dist_dl.core.storage import check_shared
+from dist_dl.ensemble import task as _task
+from dist_dl.ensemble.members import COMBINE_METHODS
+from dist_dl.ensemble.memory import check_partition_memory, task_memory
+from dist_dl.tracking.target import mlflow_target
 
 __all__ = ["train_ensemble", "Ensemble"]
 
@@ -414,11 +415,6 @@ def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_u
     import mlflow
 
     from dist_dl.ensemble.pyfunc import EnsemblePyfunc, member_artifacts
-    # Here, not at the top: a Spark task's first import of ensemble.task
-    # runs this package's __init__, hence this module, and MLflow (with the
-    # databricks-sdk it imports) took 2.1 of the 2.6 s that import took in a
-    # new Python worker.
-    from dist_dl.tracking.target import mlflow_target
 
     num_models, combine, label_col = spec.num_models, spec.combine, spec.label_col
     val_rows = sum(r.rows for r in scored)  # > 0: _check_counts saw held-out rows

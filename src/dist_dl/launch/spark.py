@@ -16,12 +16,12 @@ import time
 from typing import Any, Callable
 
 from dist_dl.core import compat
-from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions, run_worker
 from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
+from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
+from dist_dl.launch.protocol import DriverSink
+from dist_dl.launch.worker import WorkerOptions, run_worker
 
 __all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from dist_dl.core import compat
 from dist_dl.core import placement
+from dist_dl.core.redact import redact_secrets
 from dist_dl.launch import device, protocol
 
 __all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
@@ -191,8 +192,6 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
         finally:
             deadline.cancel()
     except BaseException as exc:
-        from dist_dl.core.redact import redact_secrets
-
         # Redacted here, with this worker's own environment (a cluster's
         # secrets may be set on the executors only): the record reaches the
         # driver's output, and from there MLflow tags.

@@ -13,14 +13,15 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from dist_dl.core.locations import file_url, local_path, spark_path
+from dist_dl.core.progress import SparkProgress
+from dist_dl.core.pyworker import prepare_python_worker
+from dist_dl.core.session import job_group
+from dist_dl.core.storage import check_shared
 from dist_dl.prepare._output import (check_destination, clear_parquet_output, commit_delta,
                                      is_delta_table, spark_has_delta, write_json)
 from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
-from dist_dl.core.progress import SparkProgress
-from dist_dl.core.session import job_group
-from dist_dl.core.storage import check_shared
 
 __all__ = ["PrepareSummary", "prepare_image_dataset"]
 
@@ -389,7 +390,6 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
         import pandas as pd
 
         from dist_dl.prepare.images import encode_image, read_source
-        from dist_dl.core.pyworker import prepare_python_worker
 
         prepare_python_worker()
         out = []

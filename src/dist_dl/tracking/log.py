@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 import mlflow
 
 from dist_dl.core import compat
-from dist_dl.core.placement import process_rank
 from dist_dl.core.lazy import lazy_attributes
+from dist_dl.core.placement import process_rank
 from dist_dl.tracking.preprocess import ImagePreprocessing
 
 __all__ = ["LoggedModel", "log_keras_classifier", "log_params", "log_epoch_metrics",

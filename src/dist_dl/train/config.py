@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dist_dl.read.augment import READERS
 from dist_dl.core.settings import checked, setting
+from dist_dl.read.augment import READERS
 
 __all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
 

@@ -21,6 +21,11 @@ from typing import Callable
 from dist_dl.core import compat
 from dist_dl.core.integrity import checkpoint_key, key_id
 from dist_dl.core.locations import local_path
+from dist_dl.core.session import get_spark
+from dist_dl.core.storage import check_shared
+from dist_dl.launch.errors import JobCancelled
+from dist_dl.score import score_dataframe
+from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target, store_folder
 from dist_dl.train.attempts import TrainingFailed, resumable_epoch, run_attempts
 from dist_dl.train.config import TrainConfig
 
@@ -80,9 +85,6 @@ class TrainedModel:
         pandas UDF per partition), adding the predicted class index and its
         probability (and, with ``probabilities_col``, every class's); see
         :func:`dist_dl.score.score_dataframe` for ``on_error``."""
-        from dist_dl.score import score_dataframe
-        from dist_dl.tracking.target import mlflow_target
-
         with mlflow_target(self.tracking_uri):
             return score_dataframe(df, self.model_uri, image_col=image_col or self.image_col,
                                    prediction_col=prediction_col, probability_col=probability_col,
@@ -93,7 +95,6 @@ class TrainedModel:
         """The trained Keras model (float32, logits out), loaded from the run."""
         import mlflow.artifacts
 
-        from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
@@ -166,8 +167,6 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     output_dir = local_path(cfg.output_dir, "output_dir")
     spark = spark or _session_of(data) or _session_of(validation)
     if spark is None and cfg.backend == "spark":
-        from dist_dl.core.session import get_spark
-
         spark = get_spark()
     if spark is not None and (_is_dataframe(data) or _backend(cfg.backend, spark) == "spark"):
         _check_shared(spark, data, validation, cfg, tracking_uri)
@@ -188,8 +187,6 @@ def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str |
     be shared."""
     import mlflow
 
-    from dist_dl.core.storage import check_shared
-    from dist_dl.tracking.target import store_folder
 
     outputs = {"output_dir": cfg.output_dir, "checkpoint_dir": cfg.checkpoint_dir or None,
                "MLflow tracking store": store_folder(tracking_uri or mlflow.get_tracking_uri())}
@@ -206,7 +203,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     from mlflow.tracking import MlflowClient
 
     from dist_dl.prepare import classes_of
-    from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target
 
     classes, class_names = classes_of(train_url, cfg.classes,
                                       fix="pass classes=<number of classes>, or write the shards "
@@ -216,8 +212,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
     backend = _backend(cfg.backend, spark)
     if backend == "spark" and spark is None:
-        from dist_dl.core.session import get_spark
-
         spark = get_spark()
 
     uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
@@ -259,8 +253,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     try:
         result, attempts = run_attempts(spec, cfg, backend, spark, client, run_id)
     except BaseException as exc:
-        from dist_dl.launch import JobCancelled
-
         killed = isinstance(exc, (KeyboardInterrupt, JobCancelled))
         client.set_terminated(run_id, "KILLED" if killed else "FAILED")
         raise

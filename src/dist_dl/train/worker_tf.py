@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 
 from dist_dl.core import compat
+from dist_dl.core.placement import launcher_place
 from dist_dl.train.worker import (WorkerSpec, _build, _fit_and_log, _learning_rate_callback,
                                   _log, _pin_devices_and_precision, _rank0_callbacks,
                                   _reader_config, _schedule, _train_data, _val_data,
@@ -110,7 +111,6 @@ def _start(tf, spec: WorkerSpec):
     precision first (the strategy configures the runtime), then
     MultiWorkerMirroredStrategy from ``TF_CONFIG``, one replica per worker,
     determinism and per-rank seeds."""
-    from dist_dl.core.placement import launcher_place
     from dist_dl.launch.tfdist import multi_worker_strategy
     from dist_dl.train.checkpoint import CheckpointManager
 

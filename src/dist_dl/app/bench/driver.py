@@ -62,11 +62,11 @@ import statistics
 import tempfile
 from typing import Callable
 
-from dist_dl.core import compat
 from dist_dl.app.bench.fits import peer_fit, plain_fit, reader_rate, tf_peer_fit
 from dist_dl.app.bench.measure import CpuSampler, StepRecorder, rates_from_recorders, thread_split
 from dist_dl.app.bench.results import GOALS, publish_results, report_entries, tf_engine_variants
 from dist_dl.app.config import BenchConfig
+from dist_dl.core import compat
 from dist_dl.core.locations import file_url
 from dist_dl.train.config import TrainConfig
 

@@ -25,7 +25,7 @@ deploy), ``runs`` and ``command`` (``dist-dl jobs``).
 """
 from dist_dl.app.databricks.jobs.command import add_jobs_command, main
 from dist_dl.app.databricks.jobs.errors import (AuthenticationError, JobFileError, JobsError, Problem,
-                                            RunFailedError, RunResult)
+                                                RunFailedError, RunResult)
 from dist_dl.app.databricks.jobs.runs import run
 from dist_dl.app.databricks.jobs.validation import WHEEL_PLACEHOLDER, load_job, validate
 from dist_dl.app.databricks.jobs.workspace import deploy

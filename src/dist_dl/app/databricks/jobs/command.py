@@ -10,7 +10,7 @@ from pathlib import Path
 from dist_dl.app.databricks.jobs.errors import JobFileError, JobsError, Problem
 from dist_dl.app.databricks.jobs.runs import run
 from dist_dl.app.databricks.jobs.validation import (default_job_files, edit_markers, read_job,
-                                                validate)
+                                                    validate)
 from dist_dl.app.databricks.jobs.workspace import deploy
 
 __all__ = ["add_jobs_command", "main"]

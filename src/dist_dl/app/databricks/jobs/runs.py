@@ -7,7 +7,7 @@ import time
 from typing import Mapping
 
 from dist_dl.app.databricks.jobs.errors import (JobFileError, JobsError, Problem, RunFailedError,
-                                            RunResult)
+                                                RunResult)
 from dist_dl.app.databricks.jobs.validation import load_job
 from dist_dl.app.databricks.jobs.workspace import calling, connect, find_job, say
 

@@ -15,10 +15,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-from dist_dl.core import compat
 from dist_dl.app.databricks.jobs.errors import AuthenticationError, JobFileError, JobsError
 from dist_dl.app.databricks.jobs.validation import (ENTRY_POINT, WHEEL_NAME, WHEEL_PLACEHOLDER,
-                                                edit_markers, load_job, read_job)
+                                                    edit_markers, load_job, read_job)
+from dist_dl.core import compat
 
 __all__ = ["deploy", "connect", "calling", "find_job", "say"]
 
