@@ -11,12 +11,11 @@ imported (pandas, pyarrow, scikit-learn, TensorFlow...), not with the task:
   only from 3.12), and a worker holds one zip importer per package it
   imported from ``pyspark.zip`` (about 800 entries), each of which re-reads it;
 - after the task, a full ``gc.collect()`` (pyspark/daemon.py, the reused
-  worker's loop), which walks every object the worker tracks: 0.14 s here
-  with pyspark, pandas, pyarrow and scikit-learn imported (260,000 objects).
+  worker's loop), which walks every object the worker tracks (about 260,000
+  with pyspark, pandas, pyarrow and scikit-learn imported).
 
-Measured here (Python 3.11, PySpark 3.5, ``local[2]``, the ensemble's
-training tasks): 0.11-0.27 s before each task's function started, and 0.29 s
-between one task's function ending and the same worker taking the next task.
+Together they cost a few tenths of a second per task on Python 3.11 and
+PySpark 3.5 (figures in benchmarks/RESULTS.md, scoring and ensemble rows).
 :func:`prepare_python_worker` removes both for the later tasks of its worker.
 """
 from __future__ import annotations

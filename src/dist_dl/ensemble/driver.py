@@ -10,10 +10,10 @@ a file under ``output_dir``; members and ensemble are scored on the cached
 held-out rows on the executors, which read those files; and one MLflow run is
 logged with the scores and one pyfunc model whose artifacts are the files.
 Only counts and file names come back to the driver: a member never passes
-through the driver's JVM. Measured here with 4 forests of 47 MB: collecting
-them took 1.7 s and broadcasting them back for scoring 0.9 s, and collecting
-that much a few times in a row ran the driver JVM's serving thread out of
-heap (Spark's default 1 GiB).
+through the driver's JVM. Collecting members (forests of tens of MB each)
+and broadcasting them back for scoring would cost seconds per call, and
+collecting that much a few times in a row runs the driver JVM's serving
+thread out of heap (Spark's default 1 GiB).
 """
 from __future__ import annotations
 

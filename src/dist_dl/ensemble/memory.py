@@ -18,7 +18,7 @@ __all__ = ["PartitionMemoryError", "estimate_partition_memory", "task_memory",
            "check_partition_memory"]
 
 # Bytes a Python worker holds before it sees a row (interpreter, pandas,
-# pyarrow, scikit-learn); measured at 150-250 MiB here, rounded up.
+# pyarrow, scikit-learn: 150-250 MiB on Linux x86-64), rounded up.
 _WORKER_BASELINE = 256 * 2**20
 
 

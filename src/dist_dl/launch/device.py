@@ -19,11 +19,10 @@ __all__ = ["DevicePlan", "plan_devices", "visible_gpus",
 # Horovod's background thread wakes every cycle (1 ms by default since
 # Horovod 0.21, chosen for GPU servers) and negotiates with the other ranks.
 # On CPU workers that thread and Gloo's socket loop take their CPU from the
-# compute on the same few cores. Measured here (benchmarks/RESULTS.md, two
-# one-core workers): 5 ms beat 1 ms in every round of two ResNet50 runs
-# (1.10-1.33x); for ResNet50 (94 MB of gradients) 20 ms beat 5 ms in 7
-# rounds of 8 (about 1.15x) and halved the communication threads' system
-# time, while on the small CNN (0.4 MB) 20 ms was level with 5 ms. A cycle
+# compute on the same few cores. With two one-core workers 5 ms beats 1 ms
+# on ResNet50; for ResNet50 (94 MB of gradients) 20 ms beats 5 ms and halves
+# the communication threads' system time, while on the small CNN (0.4 MB)
+# 20 ms is level with 5 ms (figures in benchmarks/RESULTS.md). A cycle
 # can delay each step's last allreduce by up to its length, which a model
 # with millisecond steps would feel, so the long cycle is for large
 # gradients only: at 16 MB or more (4 M float32 parameters) an allreduce
@@ -131,7 +130,7 @@ def horovod_env_fixes(environ: dict) -> list[str]:
     (trailing commas make tuples, horovod/runner/__init__.py), so its workers
     get ``HOROVOD_CYCLE_TIME="(None,)"``. The C++ core parses that with strtof
     to 0 ms, and the background thread spins (about half a core per idle
-    worker measured here). Any such value is dropped, so Horovod's own default
+    worker). Any such value is dropped, so Horovod's own default
     (or the user's real value) applies. Returns the names of the variables to
     remove.
     """

@@ -136,9 +136,9 @@ def wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
     The failure being retried is often a lost host: Spark drops its executor
     (the standalone master after ``spark.worker.timeout``, 60 s, without a
     heartbeat) and starts a new one once the host is back. A retry that
-    checked the slots at once failed with ``NotEnoughSlots`` in that gap
-    (seen in CI: a worker host cut off the network for 90 s, attempt 1
-    failing 60-70 s into the cut).
+    checked the slots at once would fail with ``NotEnoughSlots`` in that gap
+    (a host cut off the network for longer than the timeout: the attempt
+    fails while the executor is gone, and its slots come back with the host).
     """
     from dist_dl.launch import NotEnoughSlots
     from dist_dl.launch.spark import check_slots

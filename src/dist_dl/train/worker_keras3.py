@@ -17,8 +17,9 @@ called by a ``keras.callbacks.CallbackList`` at the points ``fit`` calls them
 (``DIST_DL_KERAS=3``, see :mod:`dist_dl.core.compat`), so the library's code
 builds, checkpoints (``model.keras``) and logs Keras 3 models here.
 
-Two things Keras 3 does differently under the strategy, measured on runtimes
-16.4's and 17.3's stacks (benchmarks/keras3_loop.py, benchmarks/RESULTS.md):
+Two things Keras 3 does differently under the strategy, on runtimes 16.4's
+and 17.3's stacks (benchmarks/keras3_loop.py shows both; figures in
+benchmarks/RESULTS.md):
 
 - BatchNormalization's moving statistics are mirrored variables updated on
   each worker from its own batch, without aggregation, so they drift apart:
