@@ -35,10 +35,10 @@ PACKAGE = "dist_dl"
 ENTRY_POINT = "dist-dl"
 """The console script a wheel task runs (``dist_dl.cli:main``; tests check setup.py declares it)."""
 
-# The source checkout, when the package runs from one (src/dist_dl/app/databricks/jobs/ is four
+# The source checkout, when the package runs from one (src/dist_dl/app/databricks/jobs/ is five
 # folders down): its notebooks/ and jobs/ folders are the defaults for job dicts and for
 # `jobs validate`. An installed wheel has neither; the current folder's are used there.
-_CHECKOUT = Path(__file__).resolve().parents[4]
+_CHECKOUT = Path(__file__).resolve().parents[5]
 
 # The ML runtimes the wheel runs on: 13.0, the first with Python 3.10 (the
 # oldest the wheel supports), to 17.3 LTS ML, the newest a test profile
