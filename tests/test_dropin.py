@@ -14,7 +14,8 @@ import pytest
 
 import dbx_examples
 import workers
-from dist_dl import HorovodRunner, compat
+from dist_dl import HorovodRunner
+from dist_dl.core import compat
 
 cloudpickle.register_pickle_by_value(workers)
 cloudpickle.register_pickle_by_value(dbx_examples)

@@ -70,7 +70,8 @@ def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark
     import mlflow
     import yaml
 
-    from dist_dl.core import compat, pipeline
+    from dist_dl.app import pipeline
+    from dist_dl.core import compat
     from dist_dl.app.config import PipelineConfig, load_config
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 

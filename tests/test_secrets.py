@@ -72,7 +72,8 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
 def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
-    from dist_dl.app import pipeline, train_distributed
+    from dist_dl import train_distributed
+    from dist_dl.app import pipeline
     from dist_dl.app.config import PipelineConfig, load_config
 
     canary = f"dist-dl-canary-{uuid.uuid4().hex}"

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 
 import train_hooks
 import workers
-from dist_dl import TrainConfig, TrainingFailed, compat, train_distributed
+from dist_dl import TrainConfig, TrainingFailed, train_distributed
+from dist_dl.core import compat
 from dist_dl.prepare import make_synthetic_images, write_digits_tree
 from dist_dl.tracking.target import mlflow_target
 
