@@ -335,3 +335,26 @@ def test_a_worker_module_loads_only_what_it_imports(module):
     heavy = [top for top in WORKER_MODULES[module] if top in loaded]
     assert not heavy, f"importing {module} loads {heavy}: import them inside the functions that " \
         "use them"
+
+
+LAZY_PACKAGES = ("dist_dl", "dist_dl.prepare", "dist_dl.read", "dist_dl.launch", "dist_dl.tracking",
+                 "dist_dl.score", "dist_dl.train", "dist_dl.ensemble", "dist_dl.search",
+                 "dist_dl.app.bench", "dist_dl.app.databricks")
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_a_package_s_public_names_come_from_the_modules_its_map_names(package):
+    """Each name of ``__all__`` is in the package's name -> module map, and that
+    module lists it in its own ``__all__`` (checked without building lazily
+    defined Keras classes)."""
+    import importlib
+
+    module = importlib.import_module(package)
+    exports = module._EXPORTS
+    assert list(exports) == [n for n in module.__all__ if n in exports] and \
+        set(exports) == set(module.__all__), \
+        f"{package}: __all__ and _EXPORTS name different things: {sorted(set(exports) ^ set(module.__all__))}"
+    wrong = [f"{name} -> {source}" for name, source in exports.items()
+             if name not in getattr(importlib.import_module(source), "__all__", ())]
+    assert not wrong, f"{package}._EXPORTS names modules that do not export these: {wrong}"
+    assert set(module.__all__) <= set(dir(module))
