@@ -7,7 +7,7 @@ tf-keras is installed by the Makefile: its metadata requires the full
 `tensorflow`, not tensorflow-cpu). numpy 2 and MLflow 3 are in range:
 runtime 17.3 LTS ML has numpy 2.1 and MLflow 3.0 (profile dbr-17.3-ml), the
 default profile pins numpy 1.26 and MLflow 2.22, and the library runs on both
-(MLflow's differences in dist_dl.compat). TensorFlow, Horovod and PySpark are not
+(MLflow's differences in dist_dl.core.compat). TensorFlow, Horovod and PySpark are not
 hard requirements: a Databricks ML runtime ships its own (GPU) builds, and a
 pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
 """
@@ -50,7 +50,7 @@ setup(
         # arrow reader (dist_dl.read.arrow) needs only pyarrow.
         "petastorm": ["petastorm>=0.12.1"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
-        # pipeline, ensemble and prepare-data (dist_dl.optional names it).
+        # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],
         # The documentation site (make docs): MkDocs, and mkdocstrings, which
         # reads the docstrings statically (griffe) without importing TensorFlow

@@ -295,7 +295,7 @@ def main(argv=None):
     from sklearn.datasets import make_classification
 
     from dist_dl.ensemble import train_ensemble
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     work = Path(tempfile.mkdtemp(prefix="dist_dl-bench-ensemble-"))
     x, y = make_classification(n_samples=args.rows, n_features=args.features,
@@ -348,7 +348,7 @@ def main(argv=None):
 
     from mlflow.tracking import MlflowClient
 
-    from dist_dl.bench import CpuSampler
+    from dist_dl.app.bench import CpuSampler
 
     # Per member size: (round, setup, wall, machine CPU) rows, phases, CPU by role, fits.
     rows = {t: [] for t in sizes}
@@ -416,7 +416,7 @@ def _publish(args, command, sizes, ratios, starts):
     """Merge this run's keys into the results file (both member sizes; the
     headline keys at the size where the Spark run is furthest from the
     ceiling) and log it with its PNG to MLflow."""
-    from dist_dl.bench import GOALS, publish_results, result_entry
+    from dist_dl.app.bench import GOALS, publish_results, result_entry
 
     extra = {"models": args.models, "rows": args.rows,
              "load_at_round_starts": [round(s[0], 2) for s in starts]}

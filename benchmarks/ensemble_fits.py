@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     import pandas as pd
     from sklearn.datasets import make_classification
 
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     x, y = make_classification(n_samples=48_000, n_features=40, n_informative=20, n_classes=3,
                                random_state=0)

@@ -53,7 +53,7 @@ def main():
     import horovod.runner
 
     from dist_dl import HorovodRunner
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     spark = get_spark("local[2]")
     setups = {

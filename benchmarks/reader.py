@@ -148,7 +148,7 @@ def main(argv=None):
         })
     print(json.dumps(summary, indent=1))
     if args.results:
-        from dist_dl.bench import GOALS, publish_results, result_entry
+        from dist_dl.app.bench import GOALS, publish_results, result_entry
 
         # reader_ratio: the reader reader="auto" picks here (Petastorm where it
         # imports), as the training benchmark's workers read; each reader also

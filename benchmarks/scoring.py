@@ -16,7 +16,7 @@ pixels (checked each round). Then ``score_dataframe`` of ``--rows`` rows of
 digits on local[2] with a small CNN, rows/s, per round (the model loaded in
 the Python workers by a warm-up first).
 
-Then the Python workers' preparation (``dist_dl.pyworker``: PySpark's
+Then the Python workers' preparation (``dist_dl.core.pyworker``: PySpark's
 per-task import-cache reset and full garbage collection, made cheap): in
 each round, in alternating order, two fresh processes score ``--prep-rows``
 rows in ``--partitions`` tasks on local[2], one as the library runs
@@ -106,7 +106,7 @@ def _digit_scorer(spark):
     URI), and a table of 64 digit PNGs keyed 0-63."""
     import mlflow
 
-    from dist_dl import compat
+    from dist_dl.core import compat
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
     spec = ImagePreprocessing(image_size=8, channels=1, mean=0.5, std=0.25)
@@ -123,7 +123,7 @@ def _digit_scorer(spark):
 
 def _prep_child(rows: int, partitions: int) -> None:
     """One process's timed scoring job (see the module's docstring)."""
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     spark = get_spark("local[2]")
     uri, table = _digit_scorer(spark)
@@ -135,7 +135,7 @@ def _prep_child(rows: int, partitions: int) -> None:
 def _prep_rate(on: bool, rows: int, partitions: int) -> float:
     import subprocess
 
-    from dist_dl.pyworker import SWITCH
+    from dist_dl.core.pyworker import SWITCH
 
     env = {k: v for k, v in os.environ.items() if k != SWITCH}
     if not on:
@@ -166,7 +166,7 @@ def main(argv=None) -> dict:
 
     import numpy as np
 
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
     from dist_dl.tracking import ImagePreprocessing
     from dist_dl.tracking.preprocess import _decode_one_by_one, decode_images
 
@@ -220,7 +220,7 @@ def main(argv=None) -> dict:
     summary["load_average"] = [round(v, 2) for v in os.getloadavg()]
     print(json.dumps(summary, indent=1))
     if args.results:
-        from dist_dl.bench import publish_results, result_entry
+        from dist_dl.app.bench import publish_results, result_entry
 
         entries = {}
         for kind in kinds:

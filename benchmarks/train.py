@@ -3,7 +3,7 @@
     PYTHONPATH=src .venv/bin/python benchmarks/train.py [--rounds 3] [--steps 20] [--quick]
         [--mixed-precision auto|on|off] [--no-peer] [--no-reader-check]
 
-Runs dist_dl.bench.run_benchmark (see its docstring for the setups) for
+Runs dist_dl.app.bench.run_benchmark (see its docstring for the setups) for
 ResNet50 on 64x64 synthetic images, batch 32 per worker, two workers, with
 these levers as extra distributed setups, each against the same ceiling:
 
@@ -46,8 +46,8 @@ import sys
 import time
 from pathlib import Path
 
-from dist_dl.bench import run_benchmark
-from dist_dl.config import BenchConfig
+from dist_dl.app.bench import run_benchmark
+from dist_dl.app.config import BenchConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
                           peer=args.peer, reader_check=args.reader_check, output=None)
     spark = None
     if "spark" in chosen:
-        from dist_dl.session import get_spark
+        from dist_dl.core.session import get_spark
 
         spark = get_spark(f"local[{args.num_workers}]")
     print(f"load average before: {os.getloadavg()}")

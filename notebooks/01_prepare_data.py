@@ -15,8 +15,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
@@ -51,7 +51,7 @@ to_dict(config)["data"]
 
 import pandas as pd
 
-from dist_dl import pipeline
+from dist_dl.app import pipeline
 
 result = pipeline.prepare_data(config)
 
@@ -74,7 +74,7 @@ print(summaries[["rows_in", "rows_written", "rows_skipped", "skipped_by_reason",
 # COMMAND ----------
 
 from dist_dl.read.resolve import resolve_files
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = get_spark()
 shards = spark.read.parquet(*resolve_files(config.data.train_output))

@@ -12,8 +12,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
@@ -37,7 +37,7 @@ to_dict(config)["train"]
 
 # COMMAND ----------
 
-from dist_dl import pipeline
+from dist_dl.app import pipeline
 from dist_dl.read.resolve import resolve_files
 
 try:

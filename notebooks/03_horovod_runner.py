@@ -13,7 +13,7 @@
 
 # COMMAND ----------
 
-from dist_dl.databricks import read_widgets
+from dist_dl.app.databricks import read_widgets
 
 params = read_widgets({"np": 2, "epochs": 2, "steps_per_epoch": 20, "batch_size": 32,
                        "driver_log_verbosity": "log_callback_only", "timeout": 600},

@@ -15,8 +15,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
@@ -43,9 +43,9 @@ to_dict(config)["train"]
 
 import os
 
-from dist_dl.locations import local_path
+from dist_dl.core.locations import local_path
 from dist_dl.prepare import write_digits_tree
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = get_spark()
 train_images, new_images = params["train_images"], params["new_images"]

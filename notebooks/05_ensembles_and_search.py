@@ -16,8 +16,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
@@ -62,7 +62,7 @@ config = config_from_widgets(params, {
 
 # COMMAND ----------
 
-from dist_dl import pipeline
+from dist_dl.app import pipeline
 
 ensemble = pipeline.ensemble(config)
 print(f"ensemble of {len(ensemble.member_scores)} ({ensemble.combine}): accuracy "

@@ -14,8 +14,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value (on Databricks: config
 # synthetic_benchmark); without dbutils (a local or CI run) the tiny `local`
@@ -60,7 +60,7 @@ to_dict(config)["bench"]
 
 # COMMAND ----------
 
-from dist_dl import pipeline
+from dist_dl.app import pipeline
 
 result = pipeline.bench(config)
 

@@ -16,8 +16,8 @@
 
 # COMMAND ----------
 
-from dist_dl.config import to_dict
-from dist_dl.databricks import config_from_widgets, read_widgets
+from dist_dl.app.config import to_dict
+from dist_dl.app.databricks import config_from_widgets, read_widgets
 
 # Blank widgets keep the configuration's value; without dbutils (a local or CI
 # run) the `local` values apply.
@@ -48,7 +48,7 @@ config = config_from_widgets(params, {
 
 # COMMAND ----------
 
-from dist_dl import pipeline
+from dist_dl.app import pipeline
 from dist_dl.read.resolve import resolve_files
 
 try:
@@ -89,7 +89,7 @@ evaluated = pipeline.evaluate(config, model_uri=config.score.model_uri)
 
 from pyspark.sql import functions as F
 
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 scored_run = pipeline.score(config)
 spark = get_spark()

@@ -159,7 +159,7 @@ def pytest_runtest_setup(item):
     # The Keras 3 case of an engine-parametrized test (keras=3): where it can train.
     params = getattr(getattr(item, "callspec", None), "params", {})
     if params.get("engine") == "keras3":
-        from dist_dl import compat
+        from dist_dl.core import compat
 
         problem = compat.keras3_training_problem()
         if problem is not None:
@@ -253,7 +253,7 @@ def hosts():
 def spark():
     """A `local[2]` SparkSession, started once and shared (restarted if a
     cluster test replaced it)."""
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     return get_spark("local[2]", replace=True)
 
@@ -323,7 +323,7 @@ def standalone_cluster(tmp_path_factory):
 @pytest.fixture
 def cluster_spark(standalone_cluster):
     """A SparkSession on the standalone cluster, with both workers registered."""
-    from dist_dl.session import get_spark, task_slots
+    from dist_dl.core.session import get_spark, task_slots
 
     spark = get_spark(standalone_cluster, replace=True,
                       conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})

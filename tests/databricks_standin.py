@@ -1,5 +1,5 @@
 """A local stand-in for the few Databricks REST endpoints that
-``dist_dl.databricks.jobs`` calls, for tests: an ``http.server`` on
+``dist_dl.app.databricks.jobs`` calls, for tests: an ``http.server`` on
 127.0.0.1 in a thread that checks the bearer token, records every request and
 keeps state (jobs, uploaded workspace files, runs).
 

@@ -102,7 +102,7 @@ class Host:
 _READY = """
 def ready(spark, slots=2, seconds=120):
     import time
-    from dist_dl.session import task_slots
+    from dist_dl.core.session import task_slots
     deadline = time.time() + seconds
     while task_slots(spark) < slots:
         assert time.time() < deadline, "the executors did not register"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dist_dl.bench import (CpuSampler, input_verdict, merge_results, plot_results,
+from dist_dl.app.bench import (CpuSampler, input_verdict, merge_results, plot_results,
                            publish_results, result_entry, run_benchmark, thread_split)
-from dist_dl.config import BenchConfig
+from dist_dl.app.config import BenchConfig
 from dist_dl.train.timing import StepTimes
 
 

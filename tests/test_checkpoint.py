@@ -9,9 +9,9 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from dist_dl import compat
-from dist_dl.train.checkpoint import (CheckpointCallback, CheckpointManager,
-                                      CorruptCheckpointWarning, UntrustedCheckpoint, resume)
+from dist_dl.core import compat
+from dist_dl.train.checkpoint import CheckpointManager, CorruptCheckpointWarning, UntrustedCheckpoint
+from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
 
 # Ship this module's worker functions to Horovod workers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -154,7 +154,7 @@ def test_signed_checkpoints_refuse_a_rewritten_manifest_and_skip_a_swapped_file(
     import json
     import shutil
 
-    from dist_dl.integrity import key_id, sha256_file
+    from dist_dl.core.integrity import key_id, sha256_file
 
     manager = CheckpointManager(tmp_path, keep=5, key=KEY)
     assert "kkkk" not in repr(manager)

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from dist_dl import TrainConfig, train_distributed
-from dist_dl.cli import build_parser, main
-from dist_dl.config import (PipelineConfig, config_names, config_path, load_config,
+from dist_dl.app.cli import build_parser, main
+from dist_dl.app.config import (PipelineConfig, config_names, config_path, load_config,
                             parse_overrides, to_dict)
-from dist_dl.databricks.widgets import read_widgets
+from dist_dl.app.databricks.widgets import read_widgets
 
 CONF = Path(__file__).parent.parent / "conf"
 

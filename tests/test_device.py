@@ -2,10 +2,11 @@
 here: plans are pure)."""
 import pytest
 
+from dist_dl.core.placement import Place, launcher_place
 from dist_dl.launch.device import (CPU_CYCLE_TIME_MS, CPU_LARGE_MODEL_CYCLE_TIME_MS,
                                    DEFAULT_CYCLE_TIME_VAR, LARGE_GRADIENT_BYTES, cpu_cycle_time_ms,
-                                   Place, default_cycle_time, horovod_env_fixes, launcher_place,
-                                   plan_devices, visible_gpus)
+                                   default_cycle_time, horovod_env_fixes, plan_devices,
+                                   visible_gpus)
 
 
 def test_gpu_host_gives_each_worker_its_local_rank_gpu():
@@ -107,7 +108,7 @@ def test_the_rank_that_writes_comes_from_horovod_or_the_launcher_or_is_0():
     import subprocess
     import sys
 
-    code = ("from dist_dl.launch.device import process_rank; "
+    code = ("from dist_dl.core.placement import process_rank; "
             "print(process_rank({'OMPI_COMM_WORLD_RANK': '5', 'OMPI_COMM_WORLD_LOCAL_RANK': '1'}),"
             " process_rank({}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,8 @@ import pytest
 
 import dbx_examples
 import workers
-from dist_dl import HorovodRunner, compat
+from dist_dl import HorovodRunner
+from dist_dl.core import compat
 
 cloudpickle.register_pickle_by_value(workers)
 cloudpickle.register_pickle_by_value(dbx_examples)
@@ -70,7 +71,7 @@ def test_databricks_petastorm_converter_example_on_spark_tasks(spark, tmp_path):
 _NOTEBOOK_TOP = """
 import sys, cloudpickle
 from tensorflow import keras          # a notebook's first cell: a lazy module
-from dist_dl import compat
+from dist_dl.core import compat
 
 def get_model():                      # captures it, as the example's functions do
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

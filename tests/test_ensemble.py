@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from dist_dl.ensemble import PartitionMemoryError, train_ensemble
-from dist_dl.integrity import IntegrityError, sha256_bytes
+from dist_dl.core.integrity import IntegrityError, sha256_bytes
 
 
 def _frame(loader):

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import train_hooks
-from dist_dl.integrity import IntegrityError, KEY_ENV, checkpoint_key, sha256_bytes
+from dist_dl.core.integrity import IntegrityError, KEY_ENV, checkpoint_key, sha256_bytes
 
 
 cloudpickle.register_pickle_by_value(train_hooks)
@@ -156,7 +156,7 @@ def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_sig
     from mlflow.tracking import MlflowClient
 
     from dist_dl import train_distributed
-    from dist_dl.integrity import key_id, sha256_file
+    from dist_dl.core.integrity import key_id, sha256_file
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.train.checkpoint import UntrustedCheckpoint
 

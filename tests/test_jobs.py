@@ -1,4 +1,4 @@
-"""Databricks job definitions (jobs/*.json) and dist_dl.databricks.jobs: the
+"""Databricks job definitions (jobs/*.json) and dist_dl.app.databricks.jobs: the
 files validate and survive databricks-sdk unchanged, validation catches each
 kind of mistake, and deploy / run work against a local stand-in of the REST
 endpoints they call (tests/databricks_standin.py), through the real
@@ -20,7 +20,7 @@ import pytest
 from databricks.sdk.service.jobs import JobSettings
 
 from databricks_standin import DatabricksStandIn
-from dist_dl.databricks.jobs import (WHEEL_PLACEHOLDER, AuthenticationError, JobFileError,
+from dist_dl.app.databricks.jobs import (WHEEL_PLACEHOLDER, AuthenticationError, JobFileError,
                                      JobsError, RunFailedError, deploy, load_job, main, run,
                                      validate)
 

@@ -1,11 +1,11 @@
-"""Lazily defined classes (dist_dl.lazy): an error while defining one reaches
+"""Lazily defined classes (dist_dl.core.lazy): an error while defining one reaches
 the caller as itself, not as "cannot import name"."""
 import sys
 import types
 
 import pytest
 
-from dist_dl.lazy import LazyDefinitionError, lazy_attributes
+from dist_dl.core.lazy import LazyDefinitionError, lazy_attributes
 
 pytestmark = pytest.mark.timeout(120)  # the last test imports TensorFlow
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dist_dl.locations import file_path, file_url, is_remote, local_path, spark_path
+from dist_dl.core.locations import file_path, file_url, is_remote, local_path, spark_path
 from dist_dl.tracking.target import absolute_tracking_uri
 
 

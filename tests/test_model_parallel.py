@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from dist_dl import compat
+from dist_dl.core import compat
 
 _CHECK = r'''
 import json
 import numpy as np
-from dist_dl import compat
-from dist_dl.model_parallel import split_cpu, split_model
+from dist_dl.core import compat
+from dist_dl.train.model_parallel import split_cpu, split_model
 
 devices = split_cpu(2)  # before anything else touches TensorFlow
 import tensorflow as tf
@@ -112,7 +112,7 @@ def test_split_model_on_two_logical_cpus_matches_unsplit():
 def test_split_model_rejects_what_it_cannot_split():
     keras = compat.keras()
 
-    from dist_dl.model_parallel import split_model
+    from dist_dl.train.model_parallel import split_model
 
     inp = keras.Input((4,))
     a, b = keras.layers.Dense(2)(inp), keras.layers.Dense(2)(inp)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_dl.optional import PACKAGES, require
+from dist_dl.core.optional import PACKAGES, require
 
 
 def _missing(monkeypatch, *modules):

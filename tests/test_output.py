@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dist_dl.quiet import QUIET_ENV, quiet_defaults, quiet_env
+from dist_dl.core.quiet import QUIET_ENV, quiet_defaults, quiet_env
 
 # TensorFlow's C++ start-up lines (in every process that loads it), MLflow's
 # artifact download bar and the Spark driver JVM's start-up lines: what
@@ -20,7 +20,7 @@ NOISE = ("tensorflow/core", "cpu_feature_guard", "This TensorFlow binary is opti
 # whose warning must still show: only the start-up noise goes.
 _START = """
 import sys
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 conf = {"spark.yarn.executor.memoryOverhead": "512m"}
 if len(sys.argv) > 1:
     conf["spark.driver.extraJavaOptions"] = "-Dlog4j2.configurationFile=" + sys.argv[1]
@@ -70,8 +70,9 @@ def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark
     import mlflow
     import yaml
 
-    from dist_dl import compat, pipeline
-    from dist_dl.config import PipelineConfig, load_config
+    from dist_dl.app import pipeline
+    from dist_dl.core import compat
+    from dist_dl.app.config import PipelineConfig, load_config
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
     settings = {"data": {"source": "synthetic", "synthetic_rows": 24, "image_size": 16,

@@ -1,4 +1,4 @@
-"""Progress lines of long Spark steps (dist_dl.progress), on a real local Spark."""
+"""Progress lines of long Spark steps (dist_dl.core.progress), on a real local Spark."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dist_dl.progress import SparkProgress, format_duration
+from dist_dl.core.progress import SparkProgress, format_duration
 
 
 def test_durations_read_as_minutes_and_hours():

@@ -55,7 +55,7 @@ def _seen_once(batches):
 @pytest.fixture(scope="module")
 def tree_shards(tmp_path_factory):
     """An ImageNet-layout tree written as Parquet shards through Spark."""
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     base = tmp_path_factory.mktemp("tree")
     written = write_imagenet_tree(str(base / "train"), per_class=5)

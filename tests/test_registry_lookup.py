@@ -1,4 +1,4 @@
-"""The registry lookups of dist_dl.pipeline: the versions of a registered model
+"""The registry lookups of dist_dl.app.pipeline: the versions of a registered model
 are found by an MLflow search filter that no model name can break or change
 (names with quotes, or written to widen the filter), in a file store and in a
 SQL store (where the filter becomes SQL); and registered_or_trained, the
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from dist_dl.config import PipelineConfig, load_config
-from dist_dl.pipeline import model_versions, registered_or_trained
+from dist_dl.app.config import PipelineConfig, load_config
+from dist_dl.app.pipeline import model_versions, registered_or_trained
 
 pytestmark = pytest.mark.timeout(120)
 

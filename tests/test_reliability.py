@@ -150,7 +150,7 @@ def run_program(request, where: str, code: str, timeout: float = 600,
 
 _FAULTY_JOB = '''
 from dist_dl import HorovodRunner
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 CANARY = "dist_dl-canary-" + str(os.getpid())
@@ -391,7 +391,7 @@ _INTERRUPTED_TRAINING = '''
 import glob, signal, threading
 from mlflow.tracking import MlflowClient
 from dist_dl import train_distributed
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f6-" + FAULT)
@@ -438,10 +438,10 @@ import mlflow
 from PIL import Image
 from pyspark.sql import functions as F
 from sklearn.datasets import load_digits
-from dist_dl import compat
-from dist_dl.bench import MemoryPeaks
+from dist_dl.core import compat
+from dist_dl.app.bench import MemoryPeaks
 from dist_dl.score import score_dataframe
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
 spark = ready(get_spark(MASTER))
@@ -518,7 +518,7 @@ def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(requ
     assert large["worker_peak"] <= 1.25 * small["worker_peak"] + 64 * mib, out
     # The rate goes to the benchmarks' results too (the issue: "every figure
     # ... into benchmarks' JSON results where it is a rate"); one round.
-    from dist_dl.bench import merge_results, result_entry
+    from dist_dl.app.bench import merge_results, result_entry
 
     merge_results(str(reliability.ROOT / "benchmarks" / "results.json"), {
         "reliability.scoring_rows_per_second": result_entry(
@@ -568,7 +568,7 @@ import glob, signal, socket, threading
 import numpy as np
 from sklearn.datasets import load_wine
 from dist_dl.ensemble import train_ensemble
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f8")
@@ -722,7 +722,7 @@ from sklearn.datasets import load_wine
 from sklearn.ensemble import RandomForestClassifier
 from dist_dl import train_distributed
 from dist_dl.ensemble import train_ensemble
-from dist_dl.session import get_spark, task_slots
+from dist_dl.core.session import get_spark, task_slots
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f9")
@@ -898,7 +898,7 @@ def _cut_off(cluster, host: str, wait) -> tuple[float, float]:
 _TRAINING_THROUGH_A_CUT = '''
 from mlflow.tracking import MlflowClient
 from dist_dl import train_distributed
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f2")
@@ -989,7 +989,7 @@ from mlflow.tracking import MlflowClient
 from pyspark.sql import functions as F
 from dist_dl import train_distributed
 from dist_dl.prepare import write_digits_tree
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f5")
@@ -1067,7 +1067,7 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
 
 _ALLREDUCE_THROUGH_A_CUT = '''
 from dist_dl import HorovodRunner
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 
@@ -1131,7 +1131,7 @@ def test_a_worker_host_cut_off_the_network_ends_a_horovod_runner_job_not_hangs_i
 
 _PROBED_JOB = '''
 from dist_dl import HorovodRunner
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 
@@ -1159,7 +1159,7 @@ RUNNER = HorovodRunner
 
 _PROBED_TF_JOB = '''
 from dist_dl import TFDistributeRunner
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.train.schedule import WarmupScaledSchedule
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.score import score_dataframe
 from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 

@@ -11,7 +11,7 @@ import cloudpickle
 import pytest
 
 import train_hooks
-from dist_dl.databricks import read_secret, redact, sas_expiry, use_sas_token
+from dist_dl.app.databricks import read_secret, redact, sas_expiry, use_sas_token
 
 cloudpickle.register_pickle_by_value(train_hooks)
 
@@ -72,8 +72,9 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
 def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
-    from dist_dl import pipeline, train_distributed
-    from dist_dl.config import PipelineConfig, load_config
+    from dist_dl import train_distributed
+    from dist_dl.app import pipeline
+    from dist_dl.app.config import PipelineConfig, load_config
 
     canary = f"dist-dl-canary-{uuid.uuid4().hex}"
     # The supported channels: the environment variables a job cluster gets
@@ -109,7 +110,7 @@ def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monk
 
 
 def test_redact_secrets_knows_read_secrets_credential_variables_and_signed_urls(monkeypatch):
-    from dist_dl.databricks.secrets import redact_secrets
+    from dist_dl.core.redact import redact_secrets
 
     read = f"read-{uuid.uuid4().hex}"
     env = f"env-{uuid.uuid4().hex}"

@@ -57,7 +57,7 @@ def test_demo_pipeline_on_separate_hosts(hosts):
 _RUNNER = """
 import json
 from dist_dl import HorovodRunner
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 
 def main(scale):
     import os, socket
@@ -115,7 +115,7 @@ sys.path.insert(0, {tests!r})
 import cloudpickle
 import train_hooks
 cloudpickle.register_pickle_by_value(train_hooks)
-from dist_dl.session import get_spark
+from dist_dl.core.session import get_spark
 spark = ready(get_spark(MASTER))
 """ + body
 
@@ -242,7 +242,7 @@ def test_driver_local_paths_are_refused_before_any_worker_starts(hosts):
 from dist_dl import train_distributed
 from dist_dl.ensemble import train_ensemble
 from dist_dl.prepare import make_synthetic_images
-from dist_dl.storage import NotShared
+from dist_dl.core.storage import NotShared
 shards = os.path.join(SHARED, "refused", "shards")
 make_synthetic_images(shards, rows=16, image_size=16, classes=2, rows_per_row_group=4)
 errors = {}
@@ -281,8 +281,8 @@ def test_executors_that_cannot_reach_the_driver_end_in_an_error_not_a_hang(hosts
     out = hosts.run_driver("""
 import json, os, time
 from dist_dl.prepare import prepare_image_dataset, write_digits_tree
-from dist_dl.session import get_spark
-from dist_dl.stall import SparkStalled
+from dist_dl.core.session import get_spark
+from dist_dl.core.stall import SparkStalled
 spark = get_spark(MASTER, conf={"spark.driver.host": "127.0.0.1",
                                 "spark.dist_dl.stallTimeout": "25"})
 train_dir, _ = write_digits_tree(os.path.join(SHARED, "stall", "digits"), image_size=8,

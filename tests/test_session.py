@@ -7,7 +7,7 @@ import time
 import pytest
 from pyspark import InheritableThread
 
-from dist_dl.session import job_group
+from dist_dl.core.session import job_group
 
 
 def _slow_factory():
@@ -71,7 +71,7 @@ def test_job_group_files_the_blocks_jobs_and_leaves_nothing_behind(spark):
 
 
 def test_a_session_on_another_master_is_not_stopped_behind_the_callers_back(spark):
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     with pytest.raises(ValueError, match=r"local\[2\].*is active.*spark.stop\(\)"):
         get_spark("spark://127.0.0.1:1")
@@ -81,7 +81,7 @@ def test_a_session_on_another_master_is_not_stopped_behind_the_callers_back(spar
 
 
 def test_the_driver_address_follows_the_master():
-    from dist_dl.session import driver_address
+    from dist_dl.core.session import driver_address
 
     assert driver_address("local[2]") == "127.0.0.1"
     assert driver_address("spark://127.0.0.1:7077") == "127.0.0.1"
@@ -95,7 +95,7 @@ def test_the_driver_address_follows_the_master():
 
 @pytest.mark.timeout(120)
 def test_stall_timeout_setting_is_checked(spark):
-    from dist_dl.stall import stall_timeout
+    from dist_dl.core.stall import stall_timeout
 
     assert stall_timeout(spark.sparkContext) == 180.0
     spark.sparkContext._conf.set("spark.dist_dl.stallTimeout", "soon")
@@ -115,7 +115,7 @@ def test_an_embedded_session_leaves_no_scratch_folder_behind(tmp_path):
     import subprocess
     import sys
 
-    code = ("from dist_dl.session import get_spark\n"
+    code = ("from dist_dl.core.session import get_spark\n"
             "spark = get_spark('local[1]')\n"
             "assert spark.range(3).count() == 3\n"
             "print(spark.sparkContext.getConf().get('spark.local.dir'))\n")
@@ -147,7 +147,7 @@ def test_a_python_worker_rereads_a_zip_on_sys_path_only_when_it_changed(tmp_path
     import sys
     import zipimport
 
-    from dist_dl.pyworker import _reread_changed_archives_only
+    from dist_dl.core.pyworker import _reread_changed_archives_only
 
     if not hasattr(zipimport.zipimporter, "invalidate_caches") or sys.version_info >= (3, 12):
         pytest.skip("zip importers re-read lazily from Python 3.12 (cpython gh-103200)")
@@ -200,7 +200,7 @@ def test_a_task_function_prepares_its_python_worker_and_the_driver_is_left_alone
     import sys
     import zipimport
 
-    from dist_dl.pyworker import prepare_python_worker
+    from dist_dl.core.pyworker import prepare_python_worker
 
     def worker_state(batches):  # nested: Spark ships it by value
         import gc
@@ -208,7 +208,7 @@ def test_a_task_function_prepares_its_python_worker_and_the_driver_is_left_alone
 
         import pandas as pd
 
-        from dist_dl.pyworker import prepare_python_worker
+        from dist_dl.core.pyworker import prepare_python_worker
 
         for _ in batches:
             pass
@@ -231,7 +231,7 @@ def test_a_task_function_prepares_its_python_worker_and_the_driver_is_left_alone
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("module", ["dist_dl.ensemble.task", "dist_dl.search.task",
-                                    "dist_dl.prepare.images", "dist_dl.pyworker"])
+                                    "dist_dl.prepare.images", "dist_dl.core.pyworker"])
 def test_what_a_new_python_worker_imports_for_a_task_leaves_mlflow_out(module):
     """A task module is imported by every new Python worker (Spark starts
     them for a job and stops them after a minute idle). MLflow, with the
@@ -252,7 +252,7 @@ def test_what_a_new_python_worker_imports_for_a_task_leaves_mlflow_out(module):
 _PREPARE_IN_A_TASK = '''
 import gc, json
 from pyspark import TaskContext
-from dist_dl.pyworker import prepare_python_worker
+from dist_dl.core.pyworker import prepare_python_worker
 
 TaskContext._getOrCreate()   # what PySpark's worker does before a task's function
 prepare_python_worker()
@@ -269,7 +269,7 @@ def test_the_python_worker_preparation_can_be_turned_off_by_its_environment_vari
     import subprocess
     import sys
 
-    from dist_dl.pyworker import SWITCH
+    from dist_dl.core.pyworker import SWITCH
 
     env = {k: v for k, v in os.environ.items() if k != SWITCH}
     if switch is not None:

@@ -6,7 +6,7 @@ import pkgutil
 import pytest
 
 import dist_dl
-from dist_dl.settings import SETTING, checked, checked_classes, setting
+from dist_dl.core.settings import SETTING, checked, checked_classes, setting
 
 
 def _config_classes() -> list[type]:
@@ -33,14 +33,14 @@ def test_every_field_of_every_configuration_declares_its_check():
     assert {"TrainConfig", "DataConfig", "ShardConfig", "ReaderConfig", "PipelineConfig",
             "BenchConfig", "SearchConfig", "EnsembleConfig", "_Spec"} <= names, names
     unchecked = [c.__qualname__ for c in classes if c not in checked_classes()]
-    assert not unchecked, f"decorate these with @dist_dl.settings.checked(...): {unchecked}"
+    assert not unchecked, f"decorate these with @dist_dl.core.settings.checked(...): {unchecked}"
     undeclared = [f"{c.__qualname__}.{f.name}" for c in classes for f in dataclasses.fields(c)
                   if SETTING not in f.metadata]
-    assert not undeclared, f"declare these with dist_dl.settings.setting(...): {undeclared}"
+    assert not undeclared, f"declare these with dist_dl.core.settings.setting(...): {undeclared}"
 
 
 def test_a_field_without_a_declaration_is_refused_when_the_class_is_defined():
-    with pytest.raises(TypeError, match=r"declares \['steps'\] without dist_dl.settings.setting"):
+    with pytest.raises(TypeError, match=r"declares \['steps'\] without dist_dl.core.settings.setting"):
         @dataclasses.dataclass(frozen=True)
         @checked("x.")
         class Loose:

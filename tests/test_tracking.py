@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.tracking import (ImagePreprocessing, KerasImageClassifier, MlflowEpochLogger,
                               decode_images, log_epoch_metrics, log_keras_classifier, log_params,
                               log_tensorboard)
@@ -193,7 +193,7 @@ def test_a_model_of_another_keras_is_refused_with_what_to_do():
                                   keras.layers.Dense(10)])
         with pytest.raises(ValueError, match=r"Keras 3 model \(keras\..*Sequential\).*"
                                              r"from Keras 3\.5 on \(this is 3\.2\.1\).*"
-                                             r"dist_dl.compat.keras\(\).*TF_USE_LEGACY_KERAS=1"):
+                                             r"dist_dl.core.compat.keras\(\).*TF_USE_LEGACY_KERAS=1"):
             log_keras_classifier(model, SPEC)
 
 

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 
 import train_hooks
 import workers
-from dist_dl import TrainConfig, TrainingFailed, compat, train_distributed
+from dist_dl import TrainConfig, TrainingFailed, train_distributed
+from dist_dl.core import compat
 from dist_dl.prepare import make_synthetic_images, write_digits_tree
 from dist_dl.tracking.target import mlflow_target
 
@@ -294,12 +295,12 @@ def test_a_retry_waits_for_task_slots_and_fails_naming_the_wait_and_checkpoint(
     # slots a lost host took with it; local[2] has 2 slots, ever.
     from types import SimpleNamespace
 
-    from dist_dl.train.driver import _wait_for_capacity
+    from dist_dl.train.attempts import wait_for_capacity
 
     spec = SimpleNamespace(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_key=b"k" * 32)
-    _wait_for_capacity(spark, TrainConfig(num_workers=2, retry_wait=0.0), spec, 1, "x", "run")
+    wait_for_capacity(spark, TrainConfig(num_workers=2, retry_wait=0.0), spec, 1, "x", "run")
     with pytest.raises(TrainingFailed) as info:
-        _wait_for_capacity(spark, TrainConfig(num_workers=3, retry_wait=1.2), spec, 1,
+        wait_for_capacity(spark, TrainConfig(num_workers=3, retry_wait=1.2), spec, 1,
                            "WorkerError: worker rank 1 on host worker2 failed", "run")
     text = str(info.value)
     assert "retry_wait=1.2 s" in text and "has 2 task slot(s) now" in text, text

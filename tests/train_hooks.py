@@ -47,7 +47,7 @@ class EpochLog:
     def __call__(self):
         import tensorflow as tf
 
-        from dist_dl.launch.device import process_rank
+        from dist_dl.core.placement import process_rank
 
         spec = self
 
@@ -111,7 +111,7 @@ class CountedBuilder:
 
     def __call__(self, input_shape, classes):
         with open(self.path, "a") as f:
-            from dist_dl.launch.device import process_rank
+            from dist_dl.core.placement import process_rank
 
             f.write(f"{os.getpid()} {process_rank()}\n")
         return self.builder(input_shape, classes)
@@ -136,7 +136,7 @@ class EnvProbe:
     def __call__(self):
         import tensorflow as tf
 
-        from dist_dl.launch.device import process_rank
+        from dist_dl.core.placement import process_rank
 
         seen = "present" if os.environ.get(self.name) == self.expected else "absent"
         with open(f"{self.prefix}-rank{process_rank()}", "w") as f:
@@ -198,7 +198,7 @@ class KillPlan:
 
         import tensorflow as tf
 
-        from dist_dl.launch.device import process_rank
+        from dist_dl.core.placement import process_rank
 
         spec = self
         saving = os.path.join("dist_dl", "train", "checkpoint.py")

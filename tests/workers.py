@@ -11,7 +11,7 @@ import time
 
 def _rank() -> int:
     # Either engine: Horovod's variables or tf.distribute's TF_CONFIG.
-    from dist_dl.launch.device import process_rank
+    from dist_dl.core.placement import process_rank
 
     return process_rank()
 
@@ -237,7 +237,7 @@ def keras3_overflow_on_one_worker(agree: bool = True):
     import numpy as np
     import tensorflow as tf
 
-    from dist_dl import compat
+    from dist_dl.core import compat
     from dist_dl.launch import multi_worker_strategy
     from dist_dl.train.worker_keras3 import agreeing_loss_scale_optimizer
 

@@ -11,12 +11,57 @@ Public API (everything else is internal):
   on all workers; it returns a ``TrainedModel`` (``transform(df)`` scores)
   and raises ``TrainingFailed`` when its retries run out. ``TrainConfig``
   holds its settings.
+
+Each name is imported when it is first used (PEP 562), so that a worker which
+imports one module of the library (``dist_dl.read.arrow``) loads that module's
+imports only.
+
+The package's layout follows the data: ``core`` (helpers every stage uses),
+the stages ``prepare``, ``read``, ``launch``, ``tracking``, ``score``, ``train``,
+``ensemble``, ``search``, and ``app`` (configuration, pipeline, command line,
+benchmark driver, Databricks integration).
 """
-from dist_dl.launch import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner,
-                            WorkerError, log_to_driver)
-from dist_dl.train import TrainConfig, TrainedModel, TrainingFailed, train_distributed
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "HorovodRunner": "dist_dl.launch.runner",
+    "TFDistributeRunner": "dist_dl.launch.runner",
+    "log_to_driver": "dist_dl.launch.worker",
+    "WorkerError": "dist_dl.launch.errors",
+    "JobTimeout": "dist_dl.launch.errors",
+    "NotEnoughSlots": "dist_dl.launch.errors",
+    "train_distributed": "dist_dl.train.driver",
+    "TrainedModel": "dist_dl.train.driver",
+    "TrainingFailed": "dist_dl.train.attempts",
+    "TrainConfig": "dist_dl.train.config",
+}
+
+# What the names are, for type checkers and the API reference (mkdocstrings);
+# at run time each is imported on first use.
+if TYPE_CHECKING:
+    from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
+    from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.worker import log_to_driver  # noqa: F401
+    from dist_dl.train.attempts import TrainingFailed  # noqa: F401
+    from dist_dl.train.config import TrainConfig  # noqa: F401
+    from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401
+
 __all__ = ["HorovodRunner", "TFDistributeRunner", "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots",
            "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dist_dl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

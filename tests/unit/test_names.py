@@ -1,5 +1,5 @@
 """One name per concept in the public API, and the old names of renamed
-parameters and keys accepted for one release (``dist_dl.deprecation``).
+parameters and keys accepted for one release (``dist_dl.core.deprecation``).
 
 No Spark, no training: the runners are constructed, never run; the readers
 plan tiny Parquet shards written with pyarrow.
@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from dist_dl.deprecation import rename_keys, renamed_attribute, renamed_parameters, renames_of
+from dist_dl.core.deprecation import rename_keys, renamed_attribute, renamed_parameters, renames_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +44,7 @@ BOUNDARY = {("np", "HorovodRunner"), ("np", "TFDistributeRunner")}
 
 PUBLIC_MODULES = ["dist_dl", "dist_dl.launch", "dist_dl.train", "dist_dl.prepare", "dist_dl.read",
                   "dist_dl.ensemble", "dist_dl.search", "dist_dl.score", "dist_dl.tracking",
-                  "dist_dl.databricks", "dist_dl.config", "dist_dl.bench", "dist_dl.pipeline"]
+                  "dist_dl.app.databricks", "dist_dl.app.config", "dist_dl.app.bench", "dist_dl.app.pipeline"]
 
 
 def _public_objects():
@@ -88,9 +88,9 @@ def test_public_signatures_use_one_name_per_concept():
     # The walk must find the API at all (a broken walk passes nothing).
     assert {"dist_dl.HorovodRunner", "dist_dl.train_distributed", "dist_dl.TrainConfig",
             "dist_dl.ensemble.train_ensemble", "dist_dl.search.search",
-            "dist_dl.read.make_dataset", "dist_dl.config.PipelineConfig",
-            "dist_dl.bench.run_benchmark"} <= set(objects)
-    from dist_dl.config import PipelineConfig
+            "dist_dl.read.make_dataset", "dist_dl.app.config.PipelineConfig",
+            "dist_dl.app.bench.run_benchmark"} <= set(objects)
+    from dist_dl.app.config import PipelineConfig
 
     found = set()
     for obj in list(objects.values()) + [PipelineConfig]:
@@ -159,8 +159,8 @@ def test_the_helper_refuses_a_rename_that_is_not_one():
 # ------------------------------------------------- each renamed public name
 
 def _renamed_callables():
-    from dist_dl.bench import publish_results, run_benchmark
-    from dist_dl.config import BenchConfig, TrackingConfig
+    from dist_dl.app.bench import publish_results, run_benchmark
+    from dist_dl.app.config import BenchConfig, TrackingConfig
     from dist_dl.ensemble import Ensemble
     from dist_dl.read import ShardPlan, make_dataset, plan_shards, steps_per_epoch
     from dist_dl.train import train_distributed
@@ -189,7 +189,7 @@ def test_every_renamed_parameter_takes_its_new_name_and_refuses_both(index):
 
 
 def test_old_names_of_the_configuration_sections_warn_and_work():
-    from dist_dl.config import BenchConfig, TrackingConfig
+    from dist_dl.app.config import BenchConfig, TrackingConfig
 
     with pytest.warns(FutureWarning, match="'experiment' of TrackingConfig\\(\\) .*'experiment_name'"):
         assert TrackingConfig(experiment="x").experiment_name == "x"
@@ -201,7 +201,7 @@ def test_old_names_of_the_configuration_sections_warn_and_work():
 
 def test_old_yaml_keys_and_overrides_warn_and_load(tmp_path, capsys):
     from dist_dl.cli import main
-    from dist_dl.config import PipelineConfig, from_mapping, load_config
+    from dist_dl.app.config import PipelineConfig, from_mapping, load_config
 
     old = tmp_path / "old.yaml"
     old.write_text("tracking:\n  experiment: x\nbench:\n  workers: 3\n")
@@ -236,7 +236,7 @@ def test_old_yaml_keys_and_overrides_warn_and_load(tmp_path, capsys):
 
 
 def test_old_names_of_functions_and_results_warn_and_work(tmp_path):
-    from dist_dl.bench import publish_results, result_entry
+    from dist_dl.app.bench import publish_results, result_entry
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.read import plan_shards, steps_per_epoch
     from dist_dl.train import train_distributed

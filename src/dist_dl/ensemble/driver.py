@@ -10,10 +10,10 @@ a file under ``output_dir``; members and ensemble are scored on the cached
 held-out rows on the executors, which read those files; and one MLflow run is
 logged with the scores and one pyfunc model whose artifacts are the files.
 Only counts and file names come back to the driver: a member never passes
-through the driver's JVM. Measured here with 4 forests of 47 MB: collecting
-them took 1.7 s and broadcasting them back for scoring 0.9 s, and collecting
-that much a few times in a row ran the driver JVM's serving thread out of
-heap (Spark's default 1 GiB).
+through the driver's JVM. Collecting members (forests of tens of MB each)
+and broadcasting them back for scoring would cost seconds per call, and
+collecting that much a few times in a row runs the driver JVM's serving
+thread out of heap (Spark's default 1 GiB).
 """
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from dist_dl import compat
-from dist_dl.deprecation import renamed_attribute, renamed_parameters
+from dist_dl.core import compat
+from dist_dl.core.deprecation import renamed_attribute, renamed_parameters
+from dist_dl.core.integrity import verify_file
+from dist_dl.core.locations import local_path
+from dist_dl.core.session import job_group
+from dist_dl.core.settings import checked, setting
+from dist_dl.core.storage import check_shared
 from dist_dl.ensemble import task as _task
 from dist_dl.ensemble.members import COMBINE_METHODS
 from dist_dl.ensemble.memory import check_partition_memory, task_memory
-from dist_dl.integrity import verify_file
-from dist_dl.locations import local_path
-from dist_dl.session import job_group
-from dist_dl.settings import checked, setting
-from dist_dl.storage import check_shared
+from dist_dl.tracking.target import mlflow_target
 
 __all__ = ["train_ensemble", "Ensemble"]
 
@@ -422,11 +423,6 @@ def _log_ensemble(df, spec: _Spec, classes, results, members, scored, tracking_u
     import mlflow
 
     from dist_dl.ensemble.pyfunc import EnsemblePyfunc, member_artifacts
-    # Here, not at the top: a Spark task's first import of ensemble.task
-    # runs this package's __init__, hence this module, and MLflow (with the
-    # databricks-sdk it imports) took 2.1 of the 2.6 s that import took in a
-    # new Python worker.
-    from dist_dl.tracking.target import mlflow_target
 
     num_models, combine, label_col = spec.num_models, spec.combine, spec.label_col
     val_rows = sum(r.rows for r in scored)  # > 0: _check_counts saw held-out rows

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from dist_dl.core.integrity import read_verified
+
 __all__ = ["COMBINE_METHODS", "fit_member", "member_proba", "combine", "read_members", "Scorer"]
 
 COMBINE_METHODS = ("vote", "mean")
@@ -93,8 +95,6 @@ def read_members(paths: Sequence[str], digests: Sequence[str] | None) -> list[by
     Raises:
         IntegrityError: a file does not match its digest (named, with both digests).
     """
-    from dist_dl.integrity import read_verified
-
     if digests is not None and len(digests) != len(paths):
         raise ValueError(f"{len(paths)} member files but {len(digests)} digests")
     blobs = []

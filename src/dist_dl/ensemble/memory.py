@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 
-from dist_dl.sparkconf import conf_value
+from dist_dl.core.session import task_slots
+from dist_dl.core.sparkconf import conf_value
 
 __all__ = ["PartitionMemoryError", "estimate_partition_memory", "task_memory",
            "check_partition_memory"]
 
 # Bytes a Python worker holds before it sees a row (interpreter, pandas,
-# pyarrow, scikit-learn); measured at 150-250 MiB here, rounded up.
+# pyarrow, scikit-learn: 150-250 MiB on Linux x86-64), rounded up.
 _WORKER_BASELINE = 256 * 2**20
 
 
@@ -47,8 +48,6 @@ def task_memory(spark) -> tuple[int, str]:
         return (_parse_size(pyspark_mem) // cores,
                 f"spark.executor.pyspark.memory={pyspark_mem} / spark.executor.cores={cores}")
     if sc.master.startswith("local"):
-        from dist_dl.session import task_slots
-
         slots = max(1, task_slots(spark))
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total // slots, f"this machine's memory / {slots} local task slots"

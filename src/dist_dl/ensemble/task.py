@@ -18,10 +18,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core.integrity import HashingWriter
+from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.ensemble.members import Scorer, fit_member, read_members
-from dist_dl.integrity import HashingWriter
-from dist_dl.pyworker import prepare_python_worker
 
 __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
            "predict_partition", "shared_scorer"]

@@ -1,10 +1,31 @@
 """Launching workers: driver-side runner and backends, plus ``worker``, the
 code every worker runs around the user's function."""
-from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError
-from dist_dl.launch.backend import auto_engine
-from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner
-from dist_dl.launch.tfdist import multi_worker_strategy
-from dist_dl.launch.worker import log_to_driver
+from typing import TYPE_CHECKING
+
+from dist_dl.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "HorovodRunner": "dist_dl.launch.runner",
+    "TFDistributeRunner": "dist_dl.launch.runner",
+    "multi_worker_strategy": "dist_dl.launch.tfdist",
+    "auto_engine": "dist_dl.launch.backend",
+    "log_to_driver": "dist_dl.launch.worker",
+    "WorkerError": "dist_dl.launch.errors",
+    "JobTimeout": "dist_dl.launch.errors",
+    "JobCancelled": "dist_dl.launch.errors",
+    "NotEnoughSlots": "dist_dl.launch.errors",
+}
+
+# What the names are, for type checkers and the API reference (mkdocstrings);
+# at run time each is imported on first use.
+if TYPE_CHECKING:
+    from dist_dl.launch.backend import auto_engine  # noqa: F401
+    from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
+    from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.tfdist import multi_worker_strategy  # noqa: F401
+    from dist_dl.launch.worker import log_to_driver  # noqa: F401
 
 __all__ = ["HorovodRunner", "TFDistributeRunner", "multi_worker_strategy", "auto_engine",
            "log_to_driver", "WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

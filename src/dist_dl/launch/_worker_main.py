@@ -17,10 +17,10 @@ def _exit(code: int) -> None:
     flushed, then the process ends without Python's last garbage collection.
     That collection can deadlock in TensorFlow: it destroys a tf.data
     iterator still holding the GIL, and the iterator waits for a map thread
-    that is inside a Python generator (Petastorm's reader) and needs the GIL.
-    Seen in CI: a worker wrote its result and then hung for good (gdb:
-    Py_FinalizeEx -> PyGC_Collect -> MapAndBatchDatasetOp iterator's
-    destructor; tensorflow/tensorflow#22632 reports the same hang at exit).
+    that is inside a Python generator (Petastorm's reader) and needs the GIL:
+    the worker writes its result and then hangs for good, in
+    Py_FinalizeEx -> PyGC_Collect -> the MapAndBatchDatasetOp iterator's
+    destructor (tensorflow/tensorflow#22632).
     """
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

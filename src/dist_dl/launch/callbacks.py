@@ -3,15 +3,15 @@
 only its import changed).
 
 Runs inside the workers. The classes subclass Keras' ``Callback``, so they are
-defined on first use (see ``dist_dl.lazy``), with the Keras of
-``dist_dl.compat.keras()``: ``tf.keras`` in a worker.
+defined on first use (see ``dist_dl.core.lazy``), with the Keras of
+``dist_dl.core.compat.keras()``: ``tf.keras`` in a worker.
 """
 from __future__ import annotations
 
 import numbers
 
-from dist_dl import compat
-from dist_dl.lazy import lazy_attributes
+from dist_dl.core import compat
+from dist_dl.core.lazy import lazy_attributes
 
 __all__ = ["LogCallback"]
 
@@ -65,5 +65,5 @@ def _define_log_callback():
     return LogCallback
 
 
-# LogCallback subclasses a Keras class: defined on first use (see dist_dl.lazy).
+# LogCallback subclasses a Keras class: defined on first use (see dist_dl.core.lazy).
 __getattr__ = lazy_attributes(globals(), LogCallback=_define_log_callback)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.launch import worker
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions

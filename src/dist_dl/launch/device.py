@@ -9,24 +9,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
-           "process_rank", "TASK_GPUS_VAR",
-           "plan_devices", "visible_gpus",
+__all__ = ["DevicePlan", "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
 
 # Horovod's background thread wakes every cycle (1 ms by default since
 # Horovod 0.21, chosen for GPU servers) and negotiates with the other ranks.
 # On CPU workers that thread and Gloo's socket loop take their CPU from the
-# compute on the same few cores. Measured here (benchmarks/RESULTS.md, two
-# one-core workers): 5 ms beat 1 ms in every round of two ResNet50 runs
-# (1.10-1.33x); for ResNet50 (94 MB of gradients) 20 ms beat 5 ms in 7
-# rounds of 8 (about 1.15x) and halved the communication threads' system
-# time, while on the small CNN (0.4 MB) 20 ms was level with 5 ms. A cycle
+# compute on the same few cores. With two one-core workers 5 ms beats 1 ms
+# on ResNet50; for ResNet50 (94 MB of gradients) 20 ms beats 5 ms and halves
+# the communication threads' system time, while on the small CNN (0.4 MB)
+# 20 ms is level with 5 ms (figures in benchmarks/RESULTS.md). A cycle
 # can delay each step's last allreduce by up to its length, which a model
 # with millisecond steps would feel, so the long cycle is for large
 # gradients only: at 16 MB or more (4 M float32 parameters) an allreduce
@@ -37,87 +33,6 @@ LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 # Set beside HOROVOD_CYCLE_TIME, to the same value, when that value is our
 # default rather than a choice: a worker that knows its model may raise it.
 DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
-
-
-# GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
-# (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
-TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
-
-# Where a launcher puts a worker's place in the job before hvd.init():
-# Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
-# create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
-# HorovodRunner starts its workers with, sets OMPI_COMM_WORLD_*. Horovod reads
-# the ranks in the same order (horovod/runner/common/util/env.py).
-_PLACE_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
-                    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                     "OMPI_COMM_WORLD_LOCAL_SIZE"))
-
-
-@dataclass(frozen=True)
-class Place:
-    """A worker's rank in the job, and its rank and count on its host."""
-
-    rank: int
-    local_rank: int
-    local_size: int
-
-
-def launcher_place(environ) -> Place | None:
-    """This worker's place as its launcher set it in ``environ`` (Horovod's
-    variables, else Open MPI's, else tf.distribute's ``TF_CONFIG``), or None
-    if none of them set it."""
-    for rank, local_rank, local_size in _PLACE_VARIABLES:
-        if rank in environ and local_rank in environ:
-            local = int(environ[local_rank])
-            return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
-    return tf_config_place(environ.get("TF_CONFIG"))
-
-
-def tf_config_place(tf_config: str | None) -> Place | None:
-    """The place of a tf.distribute worker, from its ``TF_CONFIG`` (JSON:
-    ``cluster.worker`` lists every worker's ``host:port``, ``task.index`` is
-    this one's): its rank is its index, its local rank and size count the
-    workers on the same host. None without a worker task in it."""
-    if not tf_config:
-        return None
-    import json
-
-    try:
-        config = json.loads(tf_config)
-        workers = list(config["cluster"]["worker"])
-        index = int(config["task"]["index"])
-        if config["task"].get("type", "worker") != "worker" or not 0 <= index < len(workers):
-            return None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    hosts = [address.rsplit(":", 1)[0] for address in workers]
-    same = [i for i, host in enumerate(hosts) if host == hosts[index]]
-    return Place(index, same.index(index), len(same))
-
-
-def horovod_if_initialized():
-    """``horovod.tensorflow`` once ``hvd.init()`` has run in this process, else None."""
-    # Only if something imported it already: a process that never did (a
-    # tf.distribute worker, where Horovod may not even build) has not
-    # initialised it, and must not pay for (or fail on) the import.
-    hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is None:
-        return None
-    try:
-        return hvd if hvd.is_initialized() else None
-    except Exception:  # horovod built without TensorFlow support
-        return None
-
-
-def process_rank(environ=None) -> int:
-    """This process's rank in its job: Horovod's once initialised, else the
-    rank its launcher set in the environment, else 0 (a process on its own).
-    Rank 0 is the one that writes checkpoints and logs."""
-    hvd = horovod_if_initialized()
-    if hvd is not None:
-        return hvd.rank()
-    place = launcher_place(os.environ if environ is None else environ)
-    return 0 if place is None else place.rank
 
 
 @dataclass(frozen=True)
@@ -215,7 +130,7 @@ def horovod_env_fixes(environ: dict) -> list[str]:
     (trailing commas make tuples, horovod/runner/__init__.py), so its workers
     get ``HOROVOD_CYCLE_TIME="(None,)"``. The C++ core parses that with strtof
     to 0 ms, and the background thread spins (about half a core per idle
-    worker measured here). Any such value is dropped, so Horovod's own default
+    worker). Any such value is dropped, so Horovod's own default
     (or the user's real value) applies. Returns the names of the variables to
     remove.
     """

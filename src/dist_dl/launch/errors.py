@@ -103,9 +103,8 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
     if cause is not None and (first_failed is None or not collateral):
         # Collateral with nothing better (no rank's own error, no exit code
         # seen): the worker that reported is the one left waiting; say so,
-        # and name its peers (a clean-clone CI on 26 Nov 2026 got only
-        # "UnknownError: Graph execution error:" from the rank that stayed
-        # when its peer's host was cut off the network).
+        # and name its peers (a rank whose peer's host is cut off the network
+        # reports only "UnknownError: Graph execution error:").
         return _worker_error(sink, cause, lost_peer=collateral)
     if first_failed is not None:
         rank, code = first_failed

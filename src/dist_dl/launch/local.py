@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.launch.errors import JobTimeout, failure_from
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from dist_dl.compat import pickle_tensorflow_lazy_modules_by_name
+from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
 from dist_dl.launch.backend import Backend, select_backend
 from dist_dl.launch.protocol import VERBOSITIES, DriverSink
 from dist_dl.launch.worker import WorkerOptions

@@ -15,13 +15,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core.session import get_spark, task_slots
+from dist_dl.core.sparkconf import conf_value
+from dist_dl.core.stall import SparkStalled, StallWatch
 from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
-from dist_dl.session import get_spark, task_slots
-from dist_dl.sparkconf import conf_value
-from dist_dl.stall import SparkStalled, StallWatch
 
 __all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
 
@@ -337,8 +337,8 @@ def _stream_output_live() -> None:
     (``horovod/runner/common/util/network.py``, ``BasicClient._send_one``):
     each read asks the buffered socket file for 64 KiB and blocks until that
     much has arrived, so a worker's lines (and its ``log_to_driver`` messages)
-    reach the driver only in 64 KiB batches or when the worker exits. Measured
-    here: a worker's error record arrived 20 s after it was written. The task
+    reach the driver only in 64 KiB batches or when the worker exits (a
+    worker's error record can arrive tens of seconds after it is written). The task
     side writes unbuffered, so only the driver side is changed: the copy
     forwards whatever bytes are available.
     """
@@ -363,10 +363,10 @@ def _workers_exit_without_final_collection() -> None:
     collection can destroy a tf.data iterator whose map thread is inside
     Petastorm's Python generator and needs the GIL the destructor holds
     (tensorflow/tensorflow#22632): the worker hangs after its result is sent,
-    and Horovod's driver waits for its exit code for ever. Seen in CI on the
-    cluster of separate hosts (tests/test_reliability.py, F5): every epoch
-    done, the driver's threads waiting in ``wait_for_command_exit_code`` for
-    one rank, 700 s. The command is rewritten to run our entry module, which
+    and Horovod's driver waits for its exit code for ever, its threads in
+    ``wait_for_command_exit_code`` for that rank (tests/test_reliability.py,
+    F5, on the cluster of separate hosts). The command is rewritten to run
+    our entry module, which
     calls Horovod's ``main`` with the same arguments."""
     from horovod.spark import gloo_run as spark_gloo_run
 
@@ -412,12 +412,12 @@ def _detect_dead_task_services() -> None:
     service in its Spark task and waits on it for the worker's exit code
     (``BasicTaskClient.wait_for_command_exit_code``, a request the service
     answers when the command ends), with no timeout. When the host is cut off
-    the network and its worker process dies meanwhile (seen here: once the
-    host was back, its executor was replaced by a new one), the end of that
-    connection was lost with the network and never arrives: the driver waited
-    for ever on a connection to a process that no longer existed (seen on
-    the cluster of separate hosts: ``ss`` showed it ESTABLISHED to a port
-    nothing listened on; tests/test_reliability.py, F2). Keepalive probes find
+    the network and its worker process dies meanwhile (once the host is
+    back, Spark replaces its executor by a new one), the end of that
+    connection is lost with the network and never arrives: the driver waits
+    for ever on a connection, ESTABLISHED to a port nothing listens on, to a
+    process that no longer exists (tests/test_reliability.py, F2, on the
+    cluster of separate hosts). Keepalive probes find
     such a dead peer within about 25 s of its host answering again, or of it
     not answering at all; Horovod then sees a failed worker and the launch
     fails as for any other. Horovod 0.28.1 (its last release) sets no socket

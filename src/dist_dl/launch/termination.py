@@ -9,15 +9,15 @@ children, waits up to 5 s, then *stops the shell with SIGSTOP*, kills the
 children, and sends SIGTERM to the stopped shell and waits another 5 s for it:
 a stopped process cannot act on SIGTERM, so that wait always runs out before
 the SIGKILL. A worker that is itself stopped (SIGSTOP, a debugger, a frozen
-cgroup) waits out the first 5 s too. Measured on the cluster of separate hosts
-(tests/test_reliability.py, a worker stopped with SIGSTOP): its processes
-were gone 10.1 s after the driver's timeout error.
+cgroup) waits out the first 5 s too, so its processes outlive the driver's
+timeout error by about 10 s (tests/test_reliability.py, a worker stopped
+with SIGSTOP, on the cluster of separate hosts).
 
 Here the tree is ended as service managers do (systemd sends SIGCONT after
 SIGTERM for this reason): SIGTERM and SIGCONT to every process under the
 shell, the same grace for them to exit, then SIGKILL to what is left and to
-the shell. Horovod is unmaintained (0.28.1, June 2023, is its last release),
-so the middleman is wrapped rather than fixed upstream.
+the shell. Horovod is unmaintained (0.28.1 is its last release), so the
+middleman is wrapped rather than fixed upstream.
 
 The wrapping happens where the middleman starts: in the Python worker of each
 Spark task, before Horovod's task function runs (:func:`wrap_mapper` is put

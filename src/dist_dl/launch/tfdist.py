@@ -48,15 +48,17 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core.placement import TASK_GPUS_VAR
+from dist_dl.core.session import get_spark, job_group
+from dist_dl.core.sparkconf import conf_value
+from dist_dl.core.stall import SparkStalled
 from dist_dl.launch import protocol
-from dist_dl.launch.device import TASK_GPUS_VAR
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.local import LocalBackend, run_processes
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
-from dist_dl.sparkconf import conf_value
 
 __all__ = ["ENGINE", "TFLocalBackend", "TFSparkBackend", "multi_worker_strategy", "tf_config",
            "pick_ports"]
@@ -270,8 +272,6 @@ class TFSparkBackend:
     def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
             sink: DriverSink) -> Any:
         from dist_dl.launch.spark import check_slots
-        from dist_dl.session import get_spark, job_group
-        from dist_dl.stall import SparkStalled
 
         spark = self.spark or get_spark()
         sc = spark.sparkContext

@@ -20,7 +20,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core import placement
+from dist_dl.core.redact import redact_secrets
 from dist_dl.launch import device, protocol
 
 __all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
@@ -72,9 +74,9 @@ def log_to_driver(message: str) -> None:
         print(message, flush=True)
 
 
-def _place() -> device.Place:
+def _place() -> placement.Place:
     # Outside a launched job (a test, a direct call): the only worker.
-    return device.launcher_place(os.environ) or device.Place(rank=0, local_rank=0, local_size=1)
+    return placement.launcher_place(os.environ) or placement.Place(rank=0, local_rank=0, local_size=1)
 
 
 def _rank() -> int:
@@ -144,7 +146,7 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     for name, value in compat.worker_env().items():
         os.environ.setdefault(name, value)
     os.environ.update(options.env)
-    task_gpus = [g for g in os.environ.get(device.TASK_GPUS_VAR, "").split(",") if g]
+    task_gpus = [g for g in os.environ.get(placement.TASK_GPUS_VAR, "").split(",") if g]
     gpus = task_gpus or device.visible_gpus()
     if options.engine == "horovod":
         for name in device.horovod_env_fixes(os.environ):
@@ -190,8 +192,6 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
         finally:
             deadline.cancel()
     except BaseException as exc:
-        from dist_dl.databricks.secrets import redact_secrets
-
         # Redacted here, with this worker's own environment (a cluster's
         # secrets may be set on the executors only): the record reaches the
         # driver's output, and from there MLflow tags.

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 
-from dist_dl.optional import require
+from dist_dl.core.optional import require
 from dist_dl.prepare.schema import COLUMNS, LABELS_FILE, SUMMARY_FILE
 
 MODES = ("error", "overwrite", "append")

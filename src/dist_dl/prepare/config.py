@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dist_dl.settings import checked, setting
+from dist_dl.core.settings import checked, setting
 
 __all__ = ["ShardConfig", "DataConfig", "SOURCES"]
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from dist_dl.core.locations import is_remote, local_path
+
 __all__ = ["EncodedImage", "encode_image", "read_source"]
 
 
@@ -91,8 +93,6 @@ def _as_rgb(img):
 def read_source(path: str) -> bytes:
     """Bytes of the file at ``path`` (a local path, ``file:``, ``dbfs:/`` or
     any URI pyarrow has a filesystem for). Raises ``OSError`` if unreadable."""
-    from dist_dl.locations import is_remote, local_path
-
     if not is_remote(path):
         path = local_path(path)
     if "://" in path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from dist_dl.locations import file_path
+from dist_dl.core.locations import file_path
 from dist_dl.prepare.schema import LABELS_FILE
 
 __all__ = ["build_label_index", "load_label_index", "save_label_index", "classes_of"]

@@ -10,9 +10,9 @@ Each call writes into a folder of its own and publishes it under the
 fingerprint with one rename, so calls that materialise the same DataFrame at
 the same time (notebooks of one cluster, threads of one program) never write
 into one folder: the first rename wins, the others use its shards and delete
-their own copy. Until 26 Nov 2026 all of them wrote into the fingerprint's
-folder, and their part files added up: every training read each row once per
-concurrent call (found by the reliability suite's load scenario, F9). The
+their own copy. Were they to write into the fingerprint's folder, their
+part files would add up and every training would read each row once per
+concurrent call (the reliability suite's load scenario, F9, checks this). The
 rename is atomic on a POSIX file system (as a checkpoint's publication in
 ``train/checkpoint.py``); on a FUSE mount of object storage (``/dbfs``,
 ``/Volumes``) a folder's rename may be a copy, which this does not guard
@@ -27,7 +27,7 @@ import os
 import shutil
 import uuid
 
-from dist_dl.locations import file_path
+from dist_dl.core.locations import file_path
 
 __all__ = ["materialise_dataframe", "fingerprint_dataframes"]
 
@@ -119,8 +119,8 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
                                              num_workers=num_workers,
                                              validation_fraction=validation_fraction)
         if os.path.exists(root) and not os.path.exists(done):
-            # Left by a call that did not finish (a library before 26 Nov
-            # 2026 wrote in place); a complete one has its marker.
+            # Left by a call that did not finish, or written in place (not
+            # by this library); a complete one has its marker.
             shutil.rmtree(root, ignore_errors=True)
         try:
             os.rename(staging, root)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 
-from dist_dl.optional import require
+from dist_dl.core.optional import require
 
 __all__ = ["write_digits_tree"]
 

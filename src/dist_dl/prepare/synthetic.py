@@ -5,7 +5,7 @@ import io
 import os
 import uuid
 
-from dist_dl.locations import local_path
+from dist_dl.core.locations import local_path
 from dist_dl.prepare._output import check_destination, clear_parquet_output, commit_delta, \
     is_delta_table, write_json
 from dist_dl.prepare.labels import save_label_index

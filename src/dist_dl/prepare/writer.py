@@ -12,15 +12,16 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from dist_dl.locations import file_url, local_path, spark_path
+from dist_dl.core.locations import file_url, local_path, spark_path
+from dist_dl.core.progress import SparkProgress
+from dist_dl.core.pyworker import prepare_python_worker
+from dist_dl.core.session import job_group
+from dist_dl.core.storage import check_shared
 from dist_dl.prepare._output import (check_destination, clear_parquet_output, commit_delta,
                                      is_delta_table, spark_has_delta, write_json)
 from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
-from dist_dl.progress import SparkProgress
-from dist_dl.session import job_group
-from dist_dl.storage import check_shared
 
 __all__ = ["PrepareSummary", "prepare_image_dataset"]
 
@@ -122,7 +123,7 @@ def prepare_image_dataset(
         spark: SparkSession; default the DataFrame's, else the active one
             (or a local one).
         progress_every: Seconds between progress lines on stdout (tasks,
-            images decoded and images/s, time left; ``dist_dl.progress``),
+            images decoded and images/s, time left; ``dist_dl.core.progress``),
             and a last line when done. ``None`` or 0: none.
 
     Returns:
@@ -135,7 +136,7 @@ def prepare_image_dataset(
             images under ``on_bad_image="fail"``, or bad arguments.
         FileExistsError: ``output`` exists and ``mode="error"``.
     """
-    from dist_dl.session import get_spark
+    from dist_dl.core.session import get_spark
 
     if (image_dir is None) == (dataframe is None):
         raise ValueError("give exactly one source: image_dir=... (a folder) or dataframe=... "
@@ -389,7 +390,6 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
         import pandas as pd
 
         from dist_dl.prepare.images import encode_image, read_source
-        from dist_dl.pyworker import prepare_python_worker
 
         prepare_python_worker()
         out = []

@@ -5,10 +5,29 @@ anywhere (call them on the driver to fail before workers start);
 ``make_dataset`` runs in each worker, with Petastorm or, where it is
 missing, pyarrow alone (``ReaderConfig.reader``, :func:`choose_reader`).
 """
-from dist_dl.read.augment import ReaderConfig
-from dist_dl.read.dataset import choose_reader, make_dataset
-from dist_dl.read.plan import ShardPlan, plan_shards, steps_per_epoch
-from dist_dl.read.resolve import resolve_files
+from typing import TYPE_CHECKING
+
+from dist_dl.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "make_dataset": "dist_dl.read.dataset",
+    "plan_shards": "dist_dl.read.plan",
+    "steps_per_epoch": "dist_dl.read.plan",
+    "resolve_files": "dist_dl.read.resolve",
+    "ShardPlan": "dist_dl.read.plan",
+    "ReaderConfig": "dist_dl.read.augment",
+    "choose_reader": "dist_dl.read.dataset",
+}
+
+# What the names are, for type checkers and the API reference (mkdocstrings);
+# at run time each is imported on first use.
+if TYPE_CHECKING:
+    from dist_dl.read.augment import ReaderConfig  # noqa: F401
+    from dist_dl.read.dataset import choose_reader, make_dataset  # noqa: F401
+    from dist_dl.read.plan import ShardPlan, plan_shards, steps_per_epoch  # noqa: F401
+    from dist_dl.read.resolve import resolve_files  # noqa: F401
 
 __all__ = ["make_dataset", "plan_shards", "steps_per_epoch", "resolve_files", "ShardPlan",
            "ReaderConfig", "choose_reader"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

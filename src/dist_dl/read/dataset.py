@@ -7,7 +7,8 @@ import itertools
 import os
 import warnings
 
-from dist_dl.deprecation import renamed_parameters
+from dist_dl.core.deprecation import renamed_parameters
+from dist_dl.core.optional import install_hint
 from dist_dl.read.augment import READERS, ReaderConfig, eval_transform, train_transform
 from dist_dl.read.plan import plan_shards
 from dist_dl.read.resolve import resolve_files
@@ -192,7 +193,6 @@ def choose_reader(reader: str = "auto") -> str:
             return "arrow"
         # Not optional.require: Petastorm that is installed but broken (0.13.1
         # on pyarrow 16+) raises more than ImportError; the hint is the same.
-        from dist_dl.optional import install_hint
 
         raise ImportError(
             f"reader='petastorm' needs Petastorm, which does not import here "

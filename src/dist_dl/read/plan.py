@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dist_dl.deprecation import renamed_attribute, renamed_parameters
+from dist_dl.core.deprecation import renamed_attribute, renamed_parameters
 from dist_dl.read.resolve import parquet_file, resolve_files
 
 __all__ = ["ShardPlan", "plan_shards", "steps_per_epoch", "row_groups", "rank_row_groups"]

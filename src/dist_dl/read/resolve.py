@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import os
 
-from dist_dl.locations import file_path, file_url, is_remote, local_path
-from dist_dl.optional import require
+from dist_dl.core.locations import file_path, file_url, is_remote, local_path
+from dist_dl.core.optional import require
 
 __all__ = ["resolve_files", "to_url", "parquet_file"]
 

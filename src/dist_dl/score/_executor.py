@@ -15,6 +15,8 @@ from typing import Iterator
 
 from mlflow.exceptions import MlflowException
 
+from dist_dl.core.pyworker import prepare_python_worker
+
 __all__ = ["score_partition"]
 
 _models: dict = {}  # archive name -> loaded model, oldest first
@@ -66,7 +68,6 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
     """
     import pandas as pd
 
-    from dist_dl.pyworker import prepare_python_worker
 
     prepare_python_worker()
     model = None

@@ -21,14 +21,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from dist_dl.core.integrity import signature_matches as _signature_matches
+from dist_dl.core.optional import require
+from dist_dl.core.redact import redact_secrets
+from dist_dl.core.session import job_group
+from dist_dl.core.settings import checked, setting
+from dist_dl.core.sparkconf import conf_value
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
-from dist_dl.databricks.secrets import redact_secrets
-from dist_dl.integrity import signature_matches as _signature_matches
-from dist_dl.optional import require
-from dist_dl.session import job_group
-from dist_dl.settings import checked, setting
-from dist_dl.sparkconf import conf_value
+from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
            "EARLY_STOPPING"]
@@ -196,7 +197,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         early_stopping_startup_trials: Finished trials before the median rule acts.
         early_stopping_warmup_steps: Steps of each trial before it may be stopped.
         seed: Seed of the sampler.
-        spark: SparkSession; default ``dist_dl.session.get_spark()``.
+        spark: SparkSession; default ``dist_dl.core.session.get_spark()``.
         tracking_uri: MLflow tracking URI; default the current one.
         experiment_name: MLflow experiment; default "Default".
         run_name: Name of the parent MLflow run.
@@ -216,11 +217,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
     from mlflow.tracking import MlflowClient
     from pyspark import InheritableThread
 
-    from dist_dl.session import get_spark, task_slots
-    # Here, not at the top: a trial's Spark task imports search.task, hence
-    # this package and module, and MLflow would add seconds to every new
-    # Python worker (see ensemble/driver.py).
-    from dist_dl.tracking.target import experiment_id as _experiment_id
+    from dist_dl.core.session import get_spark, task_slots
 
     if not callable(train_fn):
         raise ValueError("train_fn must be a function train_fn(params, reporter) -> float")

@@ -24,10 +24,10 @@ import time
 import traceback
 from typing import Callable
 
-from dist_dl import compat
-from dist_dl.databricks.secrets import redact_secrets
-from dist_dl.integrity import sign, signature_matches
-from dist_dl.pyworker import prepare_python_worker
+from dist_dl.core import compat
+from dist_dl.core.integrity import sign, signature_matches
+from dist_dl.core.pyworker import prepare_python_worker
+from dist_dl.core.redact import redact_secrets
 
 __all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS"]
 

@@ -15,9 +15,9 @@ from typing import Any, Mapping, Sequence
 
 import mlflow
 
-from dist_dl import compat
-from dist_dl.launch.device import process_rank
-from dist_dl.lazy import lazy_attributes
+from dist_dl.core import compat
+from dist_dl.core.lazy import lazy_attributes
+from dist_dl.core.placement import process_rank
 from dist_dl.tracking.preprocess import ImagePreprocessing
 
 __all__ = ["LoggedModel", "log_keras_classifier", "log_params", "log_epoch_metrics",
@@ -72,7 +72,7 @@ def default_pip_requirements(keras3: bool = False) -> list[str]:
         # A Keras 3 model (keras=3) loads with the keras package.
         requirements.append(f"keras=={metadata.version('keras')}")
     elif compat.keras3_default():
-        # The model is saved with tf-keras there (see dist_dl.compat).
+        # The model is saved with tf-keras there (see dist_dl.core.compat).
         requirements.append(f"tf-keras=={metadata.version('tf-keras')}")
     return requirements
 
@@ -99,7 +99,7 @@ def _pickled_by_value():
 
 def _keras_of(model):
     """The Keras module of ``model``: the ``keras`` package for a Keras 3
-    model, else the library's (:func:`dist_dl.compat.keras`)."""
+    model, else the library's (:func:`dist_dl.core.compat.keras`)."""
     if compat.is_keras3_model(model):
         import keras
 
@@ -329,5 +329,5 @@ def numeric_logs(logs: Mapping | None) -> dict[str, float]:
     return out
 
 
-# MlflowEpochLogger subclasses a Keras class: defined on first use (see dist_dl.lazy).
+# MlflowEpochLogger subclasses a Keras class: defined on first use (see dist_dl.core.lazy).
 __getattr__ = lazy_attributes(globals(), MlflowEpochLogger=_define_epoch_logger)

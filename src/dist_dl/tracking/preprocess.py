@@ -152,11 +152,11 @@ def _decoders() -> dict:
     Kept in a module object of their own in ``sys.modules``, not in this
     module: this module is pickled by value into every logged model
     (dist_dl.tracking.log), so each model loaded has its own copy of it, and a
-    cache there became garbage with the model. A ``tf.function`` collected as
-    garbage in a process forked after it was made (Horovod's launcher forks
-    the driver) crashed that process with a segmentation fault in
-    ``AtomicFunction.__del__`` (seen in the tests: a driver that had loaded a
-    logged model, then started local workers). Here they live until exit, and
+    cache there would become garbage with the model. A ``tf.function``
+    collected as garbage in a process forked after it was made (Horovod's
+    launcher forks the driver: a driver that has loaded a logged model, then
+    starts local workers) crashes that process with a segmentation fault in
+    ``AtomicFunction.__del__``. Here they live until exit, and
     are dropped by the process that made them before the interpreter tears
     TensorFlow's modules down (an ``AtomicFunction`` deleted after that raises
     a TypeError on the way out).

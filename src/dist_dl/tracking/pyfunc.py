@@ -23,7 +23,7 @@ import pandas as pd
 
 # saved_keras_major travels by value with the logged model, as this module
 # does (tracking.log._pickled_by_value), so it loads without dist_dl.
-from dist_dl.compat import saved_keras_major
+from dist_dl.core.compat import saved_keras_major
 from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
 
 __all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
@@ -76,7 +76,7 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context) -> None:
-        # dist_dl.compat.load_keras_file, in short: this class is pickled by
+        # dist_dl.core.compat.load_keras_file, in short: this class is pickled by
         # value into the logged model, which loads where dist_dl is not
         # installed (so is saved_keras_major). The file says which Keras wrote it: Keras 3 (keras=3
         # training), or Keras 2, which is tf-keras where Keras 3 is

@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 
-from dist_dl.locations import file_url
+from dist_dl.core.locations import file_url
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
            "attached_run"]
@@ -79,9 +79,9 @@ def experiment_id(name: str | None, client=None) -> str:
 # several threads (a notebook's thread pool of trainings) share the URI under
 # this condition: calls for the same store run together (only one at a time
 # where MLflow's active run is per process too, see runs_per_thread); a call
-# for another store waits until they are done. Before 26 Nov 2026 each call
-# set the URI and put "its" previous one back on leaving, so a call that
-# ended first pointed the others, still running, at the wrong store.
+# for another store waits until they are done. A call that set the URI and
+# put "its" previous one back on leaving would, by ending first, point the
+# others, still running, at the wrong store.
 _STORE = threading.Condition()
 _HOLDERS: list[tuple[int, str]] = []   # (thread id, URI) of the calls inside
 _CALLERS_URI: list[str] = []           # the URI before the first of them
@@ -103,18 +103,17 @@ def attached_run(run_id: str):
     fluent API (``mlflow.log_metrics``, ``log_model``) logs into it; its
     status is never written.
 
-    Training workers log into the run the driver created. They used
+    Training workers log into the run the driver created, without
     ``mlflow.start_run(run_id=...)``, which sets the run RUNNING on entry and
     FINISHED or FAILED on exit. MLflow's file store (2.13 to 3.0) writes
     either by rewriting the run's ``meta.yaml`` in place
     (``FileStore._overwrite_run_info``: ``write_yaml(..., overwrite=True)``;
     an experiment's goes through ``overwrite_yaml``, a rename), and the
     launcher stops the other workers of a failed attempt with SIGTERM: a rank
-    0 ending the run FAILED at that moment left the file empty, and every
-    later call on the run failed with "'NoneType' object has no attribute
-    'copy'" (the reliability suite's F1 in CI, at its 15th attempt; the same
-    symptom elsewhere: microsoft/qlib#684). The status is the driver's: it
-    knows whether an attempt is retried.
+    0 ending the run FAILED at that moment would leave the file empty, and
+    every later call on the run would fail with "'NoneType' object has no
+    attribute 'copy'" (the same symptom elsewhere: microsoft/qlib#684). The
+    status is the driver's: it knows whether an attempt is retried.
     """
     from mlflow.tracking import MlflowClient, fluent
 

@@ -2,7 +2,24 @@
 that runs inside each Horovod worker (``worker.py``) or tf.distribute worker
 (``worker_tf.py``), with checkpoints, the learning-rate schedule and the
 model registry."""
-from dist_dl.train.config import TrainConfig
-from dist_dl.train.driver import TrainedModel, TrainingFailed, train_distributed
+from typing import TYPE_CHECKING
+
+from dist_dl.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "train_distributed": "dist_dl.train.driver",
+    "TrainedModel": "dist_dl.train.driver",
+    "TrainingFailed": "dist_dl.train.attempts",
+    "TrainConfig": "dist_dl.train.config",
+}
+
+# What the names are, for type checkers and the API reference (mkdocstrings);
+# at run time each is imported on first use.
+if TYPE_CHECKING:
+    from dist_dl.train.attempts import TrainingFailed  # noqa: F401
+    from dist_dl.train.config import TrainConfig  # noqa: F401
+    from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401
 
 __all__ = ["train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

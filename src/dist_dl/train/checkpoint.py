@@ -41,7 +41,7 @@ warning that names it, in favour of the previous complete one.
 
 Who may have written it: the checkpoint directory is shared storage, which
 others can write too. With a ``key`` (``train_distributed`` always passes
-one, see :func:`dist_dl.integrity.checkpoint_key`; it is never stored in
+one, see :func:`dist_dl.core.integrity.checkpoint_key`; it is never stored in
 the directory) the writer signs the manifest with an HMAC-SHA256 and a
 reader refuses, with :class:`UntrustedCheckpoint`, any published checkpoint
 whose manifest is unsigned or signed with another key: only someone without
@@ -52,7 +52,7 @@ signed manifest is handled like damage: skipped with a warning naming the
 file and both digests, in favour of the previous checkpoint, which is itself
 verified under the key. Bytes a run did not write are never restored.
 
-Resuming under Horovod (decided here, see :func:`resume`): rank 0 alone picks
+Resuming under Horovod (see :func:`dist_dl.train.checkpoint_loop.resume`): rank 0 alone picks
 and verifies the latest checkpoint and restores it, then broadcasts the epoch
 and every model and optimizer variable to the other ranks *before* training
 starts. So the checkpoint directory need only be readable by rank 0, all ranks
@@ -68,7 +68,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 import warnings
@@ -76,13 +75,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dist_dl import compat
-from dist_dl.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
-from dist_dl.launch.device import horovod_if_initialized, process_rank
-from dist_dl.lazy import lazy_attributes
+from dist_dl.core import compat
+from dist_dl.core.integrity import KEY_ENV, key_id, sha256_file, sign, signature_matches
 
-__all__ = ["CheckpointInfo", "CheckpointManager", "CheckpointCallback", "CorruptCheckpointWarning",
-           "UntrustedCheckpoint", "resume", "save_as_peer"]
+__all__ = ["CheckpointInfo", "CheckpointManager", "CorruptCheckpointWarning", "UntrustedCheckpoint"]
 
 _log = logging.getLogger(__name__)
 
@@ -186,18 +182,18 @@ class CheckpointManager:
             json.dumps(metadata)
         except TypeError as exc:
             raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
-        optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
+        optimizer = optimizer_of(model, optimizer) if include_optimizer else None
 
         if optimizer is not None:
             # Before the first step Keras has not created the slots yet; make
             # them now so that every checkpoint holds the full optimizer state.
-            _build_optimizer(optimizer, model)
+            build_optimizer(optimizer, model)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
         tmp = self.directory / f"{_TMP_PREFIX}{epoch:06d}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            _write_state(tmp, model, optimizer)
+            write_state(tmp, model, optimizer)
             files = {}
             for path in sorted(tmp.iterdir()):
                 _fsync_file(path)
@@ -374,12 +370,12 @@ class CheckpointManager:
         info = checkpoint if checkpoint is not None else self.latest()
         if info is None:
             return None
-        optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
+        optimizer = optimizer_of(model, optimizer) if include_optimizer else None
         if optimizer is not None and not info.has_optimizer:
             raise ValueError(f"checkpoint {info.path} holds no optimizer state; "
                              "pass include_optimizer=False to restore the model only")
         if optimizer is not None:
-            _build_optimizer(optimizer, model)
+            build_optimizer(optimizer, model)
         try:
             if (info.path / KERAS_STATE).is_file():
                 _read_keras3_state(info.path / KERAS_STATE, model, optimizer)
@@ -400,144 +396,7 @@ class CheckpointManager:
         return info
 
 
-def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool | None = None,
-           include_optimizer: bool = True) -> int:
-    """Restore the latest checkpoint (if any) before ``model.fit``; returns the
-    ``initial_epoch`` to pass to it (0 when starting fresh).
-
-    Call it on every rank, after ``hvd.init()`` and ``model.compile``.
-
-    Args:
-        manager: Where the checkpoints are.
-        model: The compiled model.
-        optimizer: Default ``model.optimizer``.
-        broadcast: Restore on Horovod rank 0 only and broadcast the epoch and
-            every model and optimizer variable from it (so only rank 0 needs to
-            see the directory); with no checkpoint, rank 0's initial state is
-            broadcast, so every rank starts identical. Default: when Horovod is
-            initialised with more than one rank.
-        include_optimizer: Restore the optimizer's state too.
-    """
-    hvd = horovod_if_initialized()
-    if broadcast is None:
-        broadcast = hvd is not None and hvd.size() > 1
-    if not broadcast:
-        info = manager.restore(model, optimizer=optimizer, include_optimizer=include_optimizer)
-        return 0 if info is None else info.epoch
-    if hvd is None:
-        raise ValueError("broadcast=True needs Horovod initialised (call hvd.init() first)")
-    info = None
-    error = None
-    if hvd.rank() == 0:
-        try:
-            info = manager.restore(model, optimizer=optimizer, include_optimizer=include_optimizer)
-        except Exception as exc:  # tell the other ranks, instead of leaving them waiting
-            error = exc
-    epoch, message = hvd.broadcast_object(
-        (None if info is None else info.epoch, None if error is None else str(error)), root_rank=0)
-    if error is not None:
-        raise error
-    if message is not None:
-        raise RuntimeError(f"rank 0 could not restore the checkpoint: {message}")
-    # Broadcast also when starting fresh: every rank then takes its first
-    # step from rank 0's initial weights, as one worker would.
-    variables = list(model.variables)
-    opt = _optimizer_of(model, optimizer) if include_optimizer else None
-    if opt is not None:
-        _build_optimizer(opt, model)
-        variables += list(opt.variables)
-    hvd.broadcast_variables(variables, root_rank=0)
-    return 0 if epoch is None else int(epoch)
-
-
-def _define_checkpoint_callback():
-    keras = compat.keras()
-
-    from dist_dl.tracking.log import numeric_logs
-
-    class CheckpointCallback(keras.callbacks.Callback):
-        """Keras callback: save a checkpoint at the end of every epoch (``every``).
-
-        Only the writer saves (default: Horovod rank 0, or the only process).
-        Restoring is not a callback's job, since ``model.fit`` must already know
-        ``initial_epoch``: call :func:`resume` before ``fit``. List it after
-        Horovod's ``MetricAverageCallback`` so that the metrics it stores are the
-        averaged ones.
-
-        Args:
-            manager: Where to save.
-            every: Save every this many epochs (default 1); the last epoch of
-                ``fit`` is always saved.
-            writer: Whether this process writes; default rank 0.
-            metadata: Extra JSON values stored with every checkpoint (the epoch's
-                metrics are stored under ``"logs"``).
-            include_optimizer: Save the optimizer's state (default True).
-            peers: Under tf.distribute's ``MultiWorkerMirroredStrategy``, give
-                every worker this callback with ``peers=True``: a save reads
-                the variables synchronised on read (BatchNormalization's
-                moving statistics), each read an all-reduce that every worker
-                must join (TensorFlow's multi-worker guide: all workers save,
-                the others to a temporary place). The workers that do not
-                write save the same state to a temporary local folder,
-                removed at once (:func:`save_as_peer`).
-
-        Attributes:
-            last_saved: The checkpoint this callback published last, or None.
-        """
-
-        def __init__(self, manager: CheckpointManager, *, every: int = 1, writer: bool | None = None,
-                     metadata: Mapping[str, Any] | None = None, include_optimizer: bool = True,
-                     peers: bool = False):
-            super().__init__()
-            if not isinstance(manager, CheckpointManager):
-                raise ValueError(f"manager must be a CheckpointManager, got {type(manager).__name__}")
-            if not isinstance(every, int) or every < 1:
-                raise ValueError(f"every must be an int >= 1, got {every!r}")
-            if writer is None:
-                writer = process_rank() == 0
-            self.manager = manager
-            self.every = every
-            self.writer = writer
-            self.extra_metadata = dict(metadata or {})
-            self.include_optimizer = include_optimizer
-            self.peers = peers
-            self.last_saved: CheckpointInfo | None = None
-            self._epochs = None
-
-        def on_train_begin(self, logs=None):
-            self._epochs = self.params.get("epochs") if self.params else None
-
-        def on_epoch_end(self, epoch, logs=None):
-            completed = epoch + 1
-            if completed % self.every and completed != self._epochs:
-                return
-            if not self.writer:
-                if self.peers:
-                    save_as_peer(self.model, include_optimizer=self.include_optimizer)
-                return
-            metrics = numeric_logs(logs)
-            self.last_saved = self.manager.save(
-                self.model, completed, include_optimizer=self.include_optimizer,
-                metadata={**self.extra_metadata, "logs": metrics})
-
-    CheckpointCallback.__module__ = __name__
-    CheckpointCallback.__qualname__ = "CheckpointCallback"
-    return CheckpointCallback
-
-
-def save_as_peer(model, *, optimizer=None, include_optimizer: bool = True) -> None:
-    """The part of :meth:`CheckpointManager.save` that reads the state, on a
-    tf.distribute worker that does not write: the same variables read in the
-    same order (joining the writer's all-reduces), written to a temporary
-    local folder that is removed at once."""
-    optimizer = _optimizer_of(model, optimizer) if include_optimizer else None
-    if optimizer is not None:
-        _build_optimizer(optimizer, model)
-    with tempfile.TemporaryDirectory(prefix="dist_dl-peer-checkpoint-") as tmp:
-        _write_state(Path(tmp), model, optimizer)
-
-
-def _write_state(folder: Path, model, optimizer) -> None:
+def write_state(folder: Path, model, optimizer) -> None:
     """The model's (and optimizer's) state into ``folder``: ``model.keras``
     for a Keras 3 model, else a ``tf.train.Checkpoint``'s files."""
     if compat.is_keras3_model(model):
@@ -573,7 +432,7 @@ def _read_keras3_state(path: Path, model, optimizer) -> None:
     model.load_weights(str(path))
 
 
-def _optimizer_of(model, optimizer):
+def optimizer_of(model, optimizer):
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if optimizer is None:
         raise ValueError("the model has no optimizer: compile it first, pass optimizer=..., "
@@ -585,7 +444,7 @@ def _trackables(model, optimizer) -> dict:
     return {"model": model} if optimizer is None else {"model": model, "optimizer": optimizer}
 
 
-def _build_optimizer(optimizer, model) -> None:
+def build_optimizer(optimizer, model) -> None:
     """Create the optimizer's slot variables now (Keras creates them lazily at
     the first step), so that reading a checkpoint fills them at once and
     ``assert_consumed`` can check them."""
@@ -614,7 +473,3 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# CheckpointCallback subclasses a Keras class: defined on first use (see dist_dl.lazy).
-__getattr__ = lazy_attributes(globals(), CheckpointCallback=_define_checkpoint_callback)

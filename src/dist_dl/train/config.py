@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dist_dl.core.settings import checked, setting
 from dist_dl.read.augment import READERS
-from dist_dl.settings import checked, setting
 
 __all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
 
@@ -117,7 +117,7 @@ class TrainConfig:
             None: Horovod's default (1 ms in 0.28.1) on GPU workers; on CPU
             workers, where that thread takes CPU time from the compute, 20 ms
             for models with 16 MB or more of float32 gradients and 5 ms for
-            smaller ones (measured: benchmarks/RESULTS.md), counted on the
+            smaller ones (benchmarks/RESULTS.md has the figures), counted on the
             model each worker builds, once, before Horovod starts.
         allreduce_groups: Gradients allreduced in this many explicit groups
             (Horovod's ``DistributedOptimizer(groups=...)``; 1: one fused

@@ -18,42 +18,19 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dist_dl import compat
-from dist_dl.databricks.secrets import redact_secrets
-from dist_dl.deprecation import renamed_parameters
-from dist_dl.integrity import checkpoint_key, key_id
-from dist_dl.locations import local_path
+from dist_dl.core import compat
+from dist_dl.core.deprecation import renamed_parameters
+from dist_dl.core.integrity import checkpoint_key, key_id
+from dist_dl.core.locations import local_path
+from dist_dl.core.session import get_spark
+from dist_dl.core.storage import check_shared
+from dist_dl.launch.errors import JobCancelled
+from dist_dl.score import score_dataframe
+from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target, store_folder
+from dist_dl.train.attempts import TrainingFailed, resumable_epoch, run_attempts
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_distributed", "TrainedModel", "TrainingFailed"]
-
-# Errors of the code or the data: another attempt would fail the same way.
-_NOT_RETRIED = {"ValueError", "TypeError", "KeyError", "IndexError", "AttributeError",
-                "NameError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
-                "AssertionError", "SyntaxError", "ZeroDivisionError", "FileNotFoundError",
-                "InvalidArgumentError", "UnimplementedError",
-                # The cluster's set-up (dist_dl.launch.worker.check_gloo_host_address).
-                "LoopbackHostname"}
-
-
-class TrainingFailed(RuntimeError):
-    """Every attempt failed (or one failed in a way a retry cannot fix).
-
-    Attributes:
-        run_id: The MLflow run (marked FAILED).
-        checkpoint: The newest complete checkpoint's folder, or None.
-        checkpoint_epoch: Epochs it holds (0 if none).
-        attempts: Attempts made.
-    """
-
-    def __init__(self, message: str, *, run_id: str, checkpoint: str | None,
-                 checkpoint_epoch: int, attempts: int):
-        super().__init__(message)
-        self.run_id = run_id
-        self.checkpoint = checkpoint
-        self.checkpoint_epoch = checkpoint_epoch
-        self.attempts = attempts
-
 
 @dataclass(frozen=True)
 class TrainedModel:
@@ -109,9 +86,6 @@ class TrainedModel:
         pandas UDF per partition), adding the predicted class index and its
         probability (and, with ``probabilities_col``, every class's); see
         :func:`dist_dl.score.score_dataframe` for ``on_error``."""
-        from dist_dl.score import score_dataframe
-        from dist_dl.tracking.target import mlflow_target
-
         with mlflow_target(self.tracking_uri):
             return score_dataframe(df, self.model_uri, image_col=image_col or self.image_col,
                                    prediction_col=prediction_col, probability_col=probability_col,
@@ -122,7 +96,6 @@ class TrainedModel:
         """The trained Keras model (float32, logits out), loaded from the run."""
         import mlflow.artifacts
 
-        from dist_dl.tracking.target import mlflow_target
 
         with mlflow_target(self.tracking_uri):
             path = mlflow.artifacts.download_artifacts(f"{self.model_uri}/artifacts/model.keras")
@@ -198,8 +171,6 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     output_dir = local_path(cfg.output_dir, "output_dir")
     spark = spark or _session_of(data) or _session_of(validation)
     if spark is None and cfg.backend == "spark":
-        from dist_dl.session import get_spark
-
         spark = get_spark()
     if spark is not None and (_is_dataframe(data) or _backend(cfg.backend, spark) == "spark"):
         _check_shared(spark, data, validation, cfg, tracking_uri)
@@ -220,8 +191,6 @@ def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str |
     be shared."""
     import mlflow
 
-    from dist_dl.storage import check_shared
-    from dist_dl.tracking.target import store_folder
 
     outputs = {"output_dir": cfg.output_dir, "checkpoint_dir": cfg.checkpoint_dir or None,
                "MLflow tracking store": store_folder(tracking_uri or mlflow.get_tracking_uri())}
@@ -238,7 +207,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     from mlflow.tracking import MlflowClient
 
     from dist_dl.prepare import classes_of
-    from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target
 
     classes, class_names = classes_of(train_url, cfg.classes,
                                       fix="pass classes=<number of classes>, or write the shards "
@@ -248,8 +216,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
     backend = _backend(cfg.backend, spark)
     if backend == "spark" and spark is None:
-        from dist_dl.session import get_spark
-
         spark = get_spark()
 
     uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
@@ -269,7 +235,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     key = checkpoint_key()
     client.set_tag(run_id, "dist_dl.checkpoint_key_id", key_id(key))
     try:
-        initial_epoch = _resumable_epoch(checkpoint_dir, cfg, key)
+        initial_epoch = resumable_epoch(checkpoint_dir, cfg, key)
     except BaseException:  # e.g. an untrusted checkpoint: the run is not left running
         client.set_terminated(run_id, "FAILED")
         raise
@@ -289,10 +255,8 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                       callbacks=callbacks,
                       checkpoint_key=key)
     try:
-        result, attempts = _attempts(spec, cfg, backend, spark, client, run_id)
+        result, attempts = run_attempts(spec, cfg, backend, spark, client, run_id)
     except BaseException as exc:
-        from dist_dl.launch import JobCancelled
-
         killed = isinstance(exc, (KeyboardInterrupt, JobCancelled))
         client.set_terminated(run_id, "KILLED" if killed else "FAILED")
         raise
@@ -441,121 +405,6 @@ def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
         return plan_shards(url, cfg.num_workers, cfg.batch_size, classes=classes)
     except ValueError as exc:
         raise ValueError(f"{what} {url}: {exc}") from None
-
-
-# -------------------------------------------------------------- launching
-
-def _resumable_epoch(checkpoint_dir: str, cfg: TrainConfig, key: bytes) -> int:
-    """Epochs done by the newest complete checkpoint in ``checkpoint_dir``
-    (0 if none): where the first attempt will start."""
-    from dist_dl.train.checkpoint import CheckpointManager
-
-    latest = CheckpointManager(checkpoint_dir, key=key).latest()
-    if latest is None:
-        return 0
-    if latest.epoch >= cfg.epochs:
-        print(f"dist_dl: {checkpoint_dir} already holds epoch {latest.epoch} of {cfg.epochs}: "
-              "nothing left to train; the model is logged from that checkpoint", flush=True)
-    else:
-        print(f"dist_dl: resuming from {latest.path} (after epoch {latest.epoch})", flush=True)
-    return latest.epoch
-
-
-def _attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: str):
-    from dist_dl.launch import HorovodRunner, JobTimeout, TFDistributeRunner, WorkerError
-    from dist_dl.quiet import quiet_env
-
-    if cfg.keras == 3:
-        from dist_dl.train.worker_keras3 import train_worker_keras3 as train_worker
-        # Keras 3 as tf.keras and as the library's Keras in every worker
-        # (dist_dl.compat): not the launcher's default tf-keras.
-        runner_class = TFDistributeRunner
-        env = {**quiet_env(), compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"}
-    elif cfg.engine == "tensorflow":
-        from dist_dl.train.worker_tf import train_worker_tf as train_worker
-        runner_class, env = TFDistributeRunner, quiet_env()
-    else:
-        from dist_dl.train.worker import train_worker
-        runner_class, env = HorovodRunner, {**quiet_env(), **cfg.horovod_env()}
-    np = cfg.num_workers if backend == "spark" else -cfg.num_workers
-    # Progress comes through log_to_driver; the workers' own output only with
-    # an error (its last lines), on either backend.
-    runner = runner_class(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                          pin_cpus=cfg.pin_cpus, env=env, spark=spark,
-                          driver_log_verbosity="log_callback_only")
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            result = runner.run(train_worker, spec=dataclasses.replace(spec, attempt=attempt))
-            client.set_tag(run_id, "dist_dl.attempts", str(attempt))
-            return result, attempt
-        except (WorkerError, JobTimeout) as exc:
-            # Worker errors are text the worker chose, and may quote a
-            # secret: redacted before it is stored or shown (the worker
-            # redacted what its environment knows; this, the driver's).
-            first_line = redact_secrets(str(exc)).splitlines()[0]
-            client.set_tag(run_id, f"dist_dl.attempt_{attempt}_error", first_line[:4000])
-            retriable = _retriable(exc)
-            if attempt > cfg.max_retries or not retriable:
-                why = (f"after {attempt} attempts (max_retries={cfg.max_retries})" if retriable
-                       else "and is not retried (an error of the code or the data fails again)")
-                raise _training_failed(f"training failed {why}: {first_line}.", spec, run_id,
-                                       attempt) from exc
-            print(f"dist_dl: attempt {attempt} failed ({first_line}); retry "
-                  f"{attempt}/{cfg.max_retries} resumes from checkpoint "
-                  f"{_last_checkpoint(spec)[1]}", flush=True)
-            if backend == "spark":
-                _wait_for_capacity(spark, cfg, spec, attempt, first_line, run_id)
-
-
-def _last_checkpoint(spec):
-    """The newest complete checkpoint of the run (or None), and words for it."""
-    from dist_dl.train.checkpoint import CheckpointManager
-
-    latest = CheckpointManager(spec.checkpoint_dir, key=spec.checkpoint_key).latest()
-    where = (f"{latest.path} (after epoch {latest.epoch})" if latest
-             else f"none yet in {spec.checkpoint_dir}")
-    return latest, where
-
-
-def _training_failed(text: str, spec, run_id: str, attempts: int) -> TrainingFailed:
-    """``TrainingFailed`` with ``text``, then where the run can resume from."""
-    latest, where = _last_checkpoint(spec)
-    return TrainingFailed(
-        f"{text} Last complete checkpoint: {where}; a new run with "
-        f"checkpoint_dir={spec.checkpoint_dir!r} resumes from it.",
-        run_id=run_id, checkpoint=str(latest.path) if latest else None,
-        checkpoint_epoch=latest.epoch if latest else 0, attempts=attempts)
-
-
-def _wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
-                       run_id: str) -> None:
-    """Before a retry on Spark tasks, wait up to ``cfg.retry_wait`` for
-    ``num_workers`` task slots.
-
-    The failure being retried is often a lost host: Spark drops its executor
-    (the standalone master after ``spark.worker.timeout``, 60 s, without a
-    heartbeat) and starts a new one once the host is back. A retry that
-    checked the slots at once failed with ``NotEnoughSlots`` in that gap
-    (seen in CI: a worker host cut off the network for 90 s, attempt 1
-    failing 60-70 s into the cut).
-    """
-    from dist_dl.launch import NotEnoughSlots
-    from dist_dl.launch.spark import check_slots
-
-    try:
-        check_slots(spark, cfg.num_workers, cfg.retry_wait, every=15.0)
-    except NotEnoughSlots as exc:
-        raise _training_failed(
-            f"training failed: attempt {attempt} failed ({failure}) and its retry found too few "
-            f"task slots within retry_wait={cfg.retry_wait:g} s: {exc}", spec, run_id,
-            attempt) from exc
-
-
-def _retriable(exc: Exception) -> bool:
-    worker_type = getattr(exc, "worker_type", None)
-    return worker_type is None or worker_type not in _NOT_RETRIED
 
 
 # --------------------------------------------------------------- tracking

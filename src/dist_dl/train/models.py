@@ -8,7 +8,7 @@ logged model.
 from __future__ import annotations
 
 from typing import Callable
-from dist_dl import compat
+from dist_dl.core import compat
 
 __all__ = ["build_model", "register_model", "MODEL_NAMES"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
-from dist_dl import compat
-from dist_dl.lazy import lazy_attributes
+from dist_dl.core import compat
+from dist_dl.core.lazy import lazy_attributes
 
 __all__ = ["WarmupScaledSchedule"]
 
@@ -119,5 +119,5 @@ def _define_schedule():
     return keras.saving.register_keras_serializable(package="dist_dl")(WarmupScaledSchedule)
 
 
-# WarmupScaledSchedule subclasses a Keras class: defined on first use (see dist_dl.lazy).
+# WarmupScaledSchedule subclasses a Keras class: defined on first use (see dist_dl.core.lazy).
 __getattr__ = lazy_attributes(globals(), WarmupScaledSchedule=_define_schedule)

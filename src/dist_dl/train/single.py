@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_single"]

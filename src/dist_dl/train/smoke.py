@@ -6,7 +6,7 @@ Runs inside each worker (started by ``HorovodRunner``).
 from __future__ import annotations
 
 import time
-from dist_dl import compat
+from dist_dl.core import compat
 
 __all__ = ["train_small_cnn", "synthetic_images"]
 

@@ -10,7 +10,7 @@ its threads could).
 from __future__ import annotations
 
 import time
-from dist_dl import compat
+from dist_dl.core import compat
 
 __all__ = ["StepTimes", "step_timer"]
 

@@ -26,7 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core.placement import launcher_place
+from dist_dl.core.progress import format_duration
+from dist_dl.launch import device
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["WorkerSpec", "train_worker"]
@@ -55,7 +58,7 @@ class WorkerSpec:
             in every worker (after Horovod init).
         attempt: 1 for the first attempt, 2 for the first retry, ...
         checkpoint_key: Signs and checks the checkpoints (kept out of the
-            checkpoint folder; see ``dist_dl.integrity.checkpoint_key``).
+            checkpoint folder; see ``dist_dl.core.integrity.checkpoint_key``).
     """
 
     config: TrainConfig
@@ -89,8 +92,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.launch.device import launcher_place
-    from dist_dl.train.checkpoint import CheckpointCallback, CheckpointManager, resume
+    from dist_dl.train.checkpoint import CheckpointManager
+    from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
@@ -261,8 +264,6 @@ def _default_cycle_time(cfg: TrainConfig, model) -> None:
     config or the environment), CPU workers get ``device.cpu_cycle_time_ms`` of
     their model's float32 gradient bytes; this raises the launcher's 5 ms
     default to 20 ms for large models. GPU workers keep Horovod's default."""
-    from dist_dl.launch import device
-
     count = sum(math.prod(w.shape) for w in model.trainable_weights)
     device.default_cycle_time(os.environ, chosen=cfg.cycle_time_ms is not None,
                               gpus=device.visible_gpus(), gradient_bytes=4 * count)
@@ -367,7 +368,6 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
     """Progress lines to the driver: epoch, step, images/s and time left."""
     keras = compat.keras()
     from dist_dl.launch import log_to_driver
-    from dist_dl.progress import format_duration
 
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

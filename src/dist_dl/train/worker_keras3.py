@@ -14,11 +14,12 @@ reader, the learning-rate schedule, resume, the exact validation pass, the
 checkpoints, MLflow, TensorBoard and progress, as the same Keras callbacks,
 called by a ``keras.callbacks.CallbackList`` at the points ``fit`` calls them
 (the user's ``callbacks`` too). This process's Keras is Keras 3
-(``DIST_DL_KERAS=3``, see :mod:`dist_dl.compat`), so the library's code
+(``DIST_DL_KERAS=3``, see :mod:`dist_dl.core.compat`), so the library's code
 builds, checkpoints (``model.keras``) and logs Keras 3 models here.
 
-Two things Keras 3 does differently under the strategy, measured on runtimes
-16.4's and 17.3's stacks (benchmarks/keras3_loop.py, benchmarks/RESULTS.md):
+Two things Keras 3 does differently under the strategy, on runtimes 16.4's
+and 17.3's stacks (benchmarks/keras3_loop.py shows both; figures in
+benchmarks/RESULTS.md):
 
 - BatchNormalization's moving statistics are mirrored variables updated on
   each worker from its own batch, without aggregation, so they drift apart:
@@ -46,7 +47,7 @@ running mean of batch means.
 """
 from __future__ import annotations
 
-from dist_dl import compat
+from dist_dl.core import compat
 from dist_dl.train.worker import WorkerSpec, _build, _fit_and_log
 from dist_dl.train.worker_tf import _data_and_callbacks, _start, _sum_over_workers
 
@@ -68,7 +69,7 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
                            "where the keras package is 3.x")
     keras = compat.keras()
 
-    from dist_dl.train.checkpoint import resume
+    from dist_dl.train.checkpoint_loop import resume
 
     cfg = spec.config
     strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)

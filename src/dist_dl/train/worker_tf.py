@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 
-from dist_dl import compat
+from dist_dl.core import compat
+from dist_dl.core.placement import launcher_place
 from dist_dl.train.worker import (WorkerSpec, _build, _fit_and_log, _learning_rate_callback,
                                   _log, _pin_devices_and_precision, _rank0_callbacks,
                                   _reader_config, _schedule, _train_data, _val_data,
@@ -45,7 +46,7 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.train.checkpoint import resume
+    from dist_dl.train.checkpoint_loop import resume
 
     cfg = spec.config
     strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)
@@ -72,7 +73,7 @@ def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manage
     resumed after the same epoch, the attempt's first line, this worker's
     training data, and the callbacks (the collective ones in the same order
     on every worker, then rank 0's)."""
-    from dist_dl.train.checkpoint import CheckpointCallback
+    from dist_dl.train.checkpoint_loop import CheckpointCallback
     from dist_dl.train.timing import step_timer
 
     cfg = spec.config
@@ -110,7 +111,6 @@ def _start(tf, spec: WorkerSpec):
     precision first (the strategy configures the runtime), then
     MultiWorkerMirroredStrategy from ``TF_CONFIG``, one replica per worker,
     determinism and per-rank seeds."""
-    from dist_dl.launch.device import launcher_place
     from dist_dl.launch.tfdist import multi_worker_strategy
     from dist_dl.train.checkpoint import CheckpointManager
 
