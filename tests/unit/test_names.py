@@ -102,7 +102,7 @@ def test_public_signatures_use_one_name_per_concept():
 
 
 def test_command_line_flags_use_the_same_names():
-    from dist_dl.cli import build_parser
+    from dist_dl.app.cli import build_parser
 
     flags = set()
     parsers = [build_parser()]
