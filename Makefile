@@ -77,6 +77,12 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
+# Two tests at a time, each in a process of its own (pytest-xdist): much of the
+# reliability and separate-hosts tiers waits on timeouts and on other hosts.
+# Tests of one cluster share a process (xdist_group, tests/conftest.py).
+# JOBS=1 runs them one at a time.
+JOBS ?= 2
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
 .PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
         test-repeat reliability-report bench wheel clean hosts-tools
@@ -116,22 +122,22 @@ demo: $(STAMP)
 	$(PY) -m dist_dl.cli pipeline --config demo
 
 test: $(STAMP) hosts-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: $(UNIT_STAMP)
 	$(UNIT_PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/integration $(PYTEST_ARGS)
 
 test-reliability: $(STAMP) hosts-tools
-	$(PY) -m pytest tests/reliability $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/reliability $(PYTEST_ARGS)
 
 test-hosts: $(STAMP) hosts-tools
-	$(PY) -m pytest tests/hosts $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/hosts $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # Each round's JUnit report goes to runs/tests/repeat/; the summary counts each
 # test's failures over the rounds (the scenarios' records go where every run's go).
@@ -139,7 +145,7 @@ N ?= 5
 test-repeat: $(STAMP) hosts-tools
 	rm -rf runs/tests/repeat && mkdir -p runs/tests/repeat
 	for i in $$(seq $(N)); do \
-	  $(PY) -m pytest tests/reliability tests/hosts --junitxml=runs/tests/repeat/round-$$i.xml \
+	  $(PY) -m pytest $(XDIST) tests/reliability tests/hosts --junitxml=runs/tests/repeat/round-$$i.xml \
 	    $(PYTEST_ARGS) || true; \
 	done
 	$(PY) tests/support/flake_rate.py runs/tests/repeat/round-*.xml

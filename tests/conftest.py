@@ -91,6 +91,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.needs(module))
         if item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)
+            # One cluster of separate hosts per run: its tests share one process.
+            item.add_marker(pytest.mark.xdist_group("hosts"))
+        elif item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
     # One SparkContext per process: tests on the standalone cluster replace the
     # local session, so they run last in their tier and the local ones share one.
     tiers = {"unit": 0, "integration": 1, "reliability": 2, "hosts": 3}

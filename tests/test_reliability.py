@@ -1019,7 +1019,8 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
     from dist_dl.train.checkpoint import CheckpointManager
 
     cluster = request.getfixturevalue("hosts")
-    epochs = 8
+    # Killed after its second checkpoint: two epochs left to resume and run.
+    epochs = 4
     s = scenario("F5 hosts", "driver killed and started again",
                  f"train_distributed(df, num_workers=2, epochs={epochs}, checkpoint_dir in the "
                  "shared folder) on the cluster; the driver process gets SIGKILL one second "
