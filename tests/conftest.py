@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 # test-fast` leaves them out), `profile_subset` and `profile_subset_164` (what
 # CI also runs on the runtime profiles: of the modules where the code meets the
 # libraries a profile changes, every test not marked slow, and a few slow
-# ones; README, "Runtime profiles").
+# ones; the unit tier runs whole on every profile; docs/guides/profiles.md).
 
 
 # Tests that need a module the library treats as optional (Horovod, Petastorm)
@@ -89,6 +89,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for module in _needs(item):
             item.add_marker(pytest.mark.needs(module))
+        if item.path.parent.name == "unit":
+            # The unit tier is quick: every runtime profile runs all of it.
+            item.add_marker(pytest.mark.profile_subset)
+            item.add_marker(pytest.mark.profile_subset_164)
         if item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)
             # One cluster of separate hosts per run: its tests share one process.
