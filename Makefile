@@ -1,8 +1,21 @@
 # Two commands do all the set-up on a fresh machine (Python 3.10+, Java 17, gcc):
 #   make demo   install the pinned stack into .venv, run the main job locally
-#   make test   install the same way, run the whole test suite
+#   make test   install the same way, run the whole test suite (every tier below)
+# The tiers, each on its own:
+#   make test-unit         tests/unit: no Spark, no training, no worker process; in a
+#                          light environment of its own (.venv-unit: no TensorFlow, no
+#                          PySpark, no Horovod build), so it runs within a minute or two
+#                          of a fresh clone, before the heavy install
+#   make test-integration  tests/integration: real Spark, workers and training
+#   make test-reliability  tests/reliability: faults injected into real jobs
+#   make test-hosts        tests/hosts: the cluster of separate hosts (root)
+#   make test-fast         every tier less the tests marked slow
+#   make test-repeat N=5   the reliability and separate-hosts tiers N times, then each
+#                          scenario's failures out of N (runs/tests/repeat/)
+#   make reliability-report  the newest scenario records (runs/tests/reliability/, written
+#                          by every run) into the tracked docs/reliability.json
 #   make wheel  build dist/dist_dl-<version>-py3-none-any.whl (what `dist-dl jobs deploy --wheel` uploads)
-#   make test-fast   the same without the tests marked slow (over a minute each)
+#   make bundle databricks.yml from jobs/*.json (the jobs' one source)
 #   make docs   build the documentation site into site/ (strict: a broken link or reference fails)
 # A second run reuses .venv (the stamp below) and starts in seconds.
 # PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
@@ -66,8 +79,15 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
+# Two tests at a time, each in a process of its own (pytest-xdist): much of the
+# reliability and separate-hosts tiers waits on timeouts and on other hosts.
+# Tests of one cluster share a process (xdist_group, tests/conftest.py).
+# JOBS=1 runs them one at a time.
+JOBS ?= 2
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
-.PHONY: install demo test test-fast bench wheel bundle docs clean hosts-tools
+.PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
+        test-repeat reliability-report bench wheel bundle docs clean hosts-tools
 
 install: $(STAMP)
 
@@ -86,21 +106,61 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
 	touch $(STAMP)
 
+# The unit tier's environment: the library's own requirements at the profile's
+# pins, without TensorFlow, PySpark or Horovod (a unit test that needs one of
+# them fails here: it belongs in tests/integration).
+UNIT_VENV  := $(VENV)-unit
+UNIT_PY    := $(UNIT_VENV)/bin/python
+UNIT_STAMP := $(UNIT_VENV)/.installed
+
+$(UNIT_STAMP): $(CONSTRAINTS) setup.py
+	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
+	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
+	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools
+	$(UNIT_PY) -m pip install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
+	touch $(UNIT_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m dist_dl.cli pipeline --config demo
 
 test: $(STAMP) hosts-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# The separate-hosts tests (tests/hosts.py) make network and mount
+test-unit: $(UNIT_STAMP)
+	$(UNIT_PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(PY) -m pytest $(XDIST) tests/integration $(PYTEST_ARGS)
+
+test-reliability: $(STAMP) hosts-tools
+	$(PY) -m pytest $(XDIST) tests/reliability $(PYTEST_ARGS)
+
+test-hosts: $(STAMP) hosts-tools
+	$(PY) -m pytest $(XDIST) tests/hosts $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# Each round's JUnit report goes to runs/tests/repeat/; the summary counts each
+# test's failures over the rounds (the scenarios' records go where every run's go).
+N ?= 5
+test-repeat: $(STAMP) hosts-tools
+	rm -rf runs/tests/repeat && mkdir -p runs/tests/repeat
+	for i in $$(seq $(N)); do \
+	  $(PY) -m pytest $(XDIST) tests/reliability tests/hosts --junitxml=runs/tests/repeat/round-$$i.xml \
+	    $(PYTEST_ARGS) || true; \
+	done
+	$(PY) tests/support/flake_rate.py runs/tests/repeat/round-*.xml
+
+reliability-report: $(STAMP)
+	$(PY) tests/support/scenarios.py report
+
+# The separate-hosts tests (tests/support/host_cluster.py) make network and mount
 # namespaces with iproute2's ip and util-linux's unshare/nsenter: installed
 # here when missing and this is root (as CI is); elsewhere the tests skip.
 hosts-tools:
 	@command -v ip >/dev/null && command -v nsenter >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || true
-
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py
@@ -122,4 +182,4 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict -d site
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info runs
+	rm -rf $(VENV) $(UNIT_VENV) build dist src/*.egg-info runs

@@ -17,109 +17,20 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-# What CI also runs on the dbr-15.4-ml profile, as marker `profile_subset`
-# (`-m profile_subset`; the README says why these): of the modules where the
-# code meets TensorFlow, Keras, Horovod, Petastorm, pyarrow, pandas, MLflow and
-# databricks-sdk, whose versions the profile changes (the launcher, the
-# drop-in, data, training, ensembles, scoring, the notebooks, jobs), every test
-# not marked slow, and of the slow ones those below: the Databricks examples
-# run unchanged, Horovod's Keras callbacks on tf-keras, train_distributed on
-# Spark workers with its MLflow model, resume, Keras ensemble members and two
-# notebooks. CI runs the profile's whole suite where its machine is fast enough
-# for both profiles in 75 minutes, and this subset where it is not (.ci/run).
-PROFILE_SUBSET = frozenset({
-    "test_launcher", "test_dropin", "test_lazy", "test_read", "test_train", "test_schedule",
-    "test_checkpoint", "test_tracking", "test_ensemble", "test_scoring", "test_notebooks",
-    "test_jobs",
-})
-PROFILE_SUBSET_SLOW = frozenset({
-    "tests/test_checkpoint.py::test_resume_equivalence_with_horovod",
-    "tests/test_dropin.py::test_databricks_mnist_example_trains_with_horovod_callbacks",
-    "tests/test_dropin.py::test_databricks_petastorm_converter_example_on_spark_tasks",
-    "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
-    "tests/test_dropin.py::test_workers_get_keras_2_where_keras_3_is_the_default",
-    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
-    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
-    "tests/test_launcher.py::test_allreduce_local_spark[horovod]",
-    "tests/test_notebooks.py::test_notebook_runs_locally[03_horovod_runner]",
-    "tests/test_notebooks.py::test_notebook_runs_locally[04_train_distributed_dataframe]",
-    "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
-    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[horovod]",
-})
+# The tests' own helpers (tests/support/) import by name in every tier.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
-
-# What CI runs on the dbr-16.4-ml profile (Databricks Runtime 16.4 LTS ML: no
-# Horovod, no Petastorm), as marker `profile_subset_164`: of the modules where
-# the code meets the versions that profile changes (TensorFlow 2.17, Keras 3
-# beside tf-keras, pyarrow 15, pandas 1.5, MLflow 2.21, databricks-sdk 0.30) and
-# can run without Horovod (the launcher's and train_distributed's tf.distribute
-# engine, the arrow reader, prepare, tracking, scoring, ensembles, search,
-# checkpoints, the drop-in's Keras switches, jobs, configuration, optional
-# imports), every test not marked slow, and the slow ones below (among them
-# train_distributed on two Spark tasks with its MLflow model, and resume, on
-# tf.distribute). Tests of these modules that need Horovod or Petastorm are
-# selected too and skip there, saying why (`needs`). The dbr-17.3-ml profile
-# (Runtime 17.3 LTS ML: no Horovod, no Petastorm either; TensorFlow 2.19,
-# Spark 4.0, pyarrow 19, pandas 2.2, numpy 2.1, MLflow 3.0, databricks-sdk 0.49)
-# runs the same subset: the same modules meet the versions it changes.
-PROFILE_SUBSET_164 = frozenset({
-    "test_launcher", "test_train", "test_read", "test_prepare", "test_tracking", "test_scoring",
-    "test_ensemble", "test_search", "test_optional", "test_config", "test_settings", "test_lazy",
-    "test_schedule", "test_checkpoint", "test_dropin", "test_jobs", "test_integrity",
-    "test_registry_lookup", "test_model_parallel", "test_locations", "test_markers",
-})
-PROFILE_SUBSET_164_SLOW = frozenset({
-    "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
-    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
-    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
-    "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
-    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
-    "tests/test_launcher.py::test_timeout_spark[tensorflow]",
-    "tests/test_search.py::test_grid_search_limits_concurrency_fails_and_stops_trials",
-    "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
-    "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[tensorflow]",
-    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[tensorflow]",
-    # Keras 3 on tf.distribute (keras=3): the profiles where it runs.
-    "tests/test_train.py::test_two_workers_at_half_batch_take_the_same_steps_as_one_worker[keras3]",
-    "tests/test_train.py::test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_model[keras3]",
-    "tests/test_train.py::test_a_run_stopped_after_epoch_1_and_resumed_ends_like_an_uninterrupted_one[keras3]",
-    "tests/test_train.py::test_a_worker_killed_mid_epoch_is_retried_and_only_that_epoch_runs_again[keras3]",
-    "tests/test_train.py::test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model[keras3]",
-})
-
-
-# Tests over 10 s in the full run of 23 Nov 2026 (`--durations=0`, part of it
-# at load 7) that carry no @pytest.mark.slow of their own: also `slow`, so that
-# `make test-fast` stays a few minutes. The separate-hosts tests are slow too.
-SLOW_BY_DURATION = frozenset({
-    "tests/test_dropin.py::test_busy_slots_are_waited_for_with_progress",
-    "tests/test_dropin.py::test_databricks_mnist_example_trains_with_horovod_callbacks",
-    "tests/test_dropin.py::test_databricks_petastorm_converter_example_on_spark_tasks",
-    "tests/test_dropin.py::test_tensorflow_lazy_modules_pickle_by_name",
-    "tests/test_dropin.py::test_workers_get_keras_2_where_keras_3_is_the_default",
-    "tests/test_ensemble.py::test_forest_ensemble_beats_its_members_and_matches_mlflow_model",
-    "tests/test_ensemble.py::test_input_is_evaluated_once_and_every_row_is_accounted_for",
-    "tests/test_ensemble.py::test_keras_members_averaged[tf.keras]",
-    "tests/test_ensemble.py::test_keras_members_averaged[keras]",
-    "tests/test_integrity.py::test_a_member_swapped_in_the_logged_model_is_refused",
-    "tests/test_integrity.py::test_a_swapped_member_is_refused_on_the_executors",
-    "tests/test_launcher.py::test_allreduce_local_spark[horovod]",
-    "tests/test_launcher.py::test_allreduce_standalone_cluster",
-    "tests/test_launcher.py::test_idle_worker_does_not_spin",
-    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[horovod]",
-    "tests/test_launcher.py::test_more_processes_than_slots_fails_fast[tensorflow]",
-    "tests/test_launcher.py::test_timeout_spark[horovod]",
-    "tests/test_launcher.py::test_timeout_spark[tensorflow]",
-    "tests/test_launcher.py::test_weights_identical_on_all_ranks_after_training",
-    "tests/test_launcher.py::test_worker_exception_on_spark[horovod]",
-    "tests/test_notebooks.py::test_notebook_runs_locally[02_single_node_baseline]",
-    "tests/test_notebooks.py::test_notebook_runs_locally[03_horovod_runner]",
-    "tests/test_output.py::test_the_embedded_session_starts_quietly_and_keeps_warnings",
-    "tests/test_secrets.py::test_a_secret_in_a_failing_trial_reaches_no_tag_or_artifact",
-    "tests/test_tracking.py::test_logged_model_loads_where_dist_dl_is_not_installed",
-    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint[horovod]",
-    "tests/test_train.py::test_an_error_of_the_code_is_not_retried_and_names_the_checkpoint[tensorflow]",
-})
+# The tiers (pytest.ini's testpaths runs them in this order):
+#   unit/         no Spark, no training, no worker process; runs in the light
+#                 environment of `make test-unit` (no TensorFlow, no PySpark)
+#   integration/  real Spark, real workers, real training on small data
+#   reliability/  faults injected into real jobs (records: tests/support/scenarios.py)
+#   hosts/        the cluster of separate hosts (tests/support/host_cluster.py)
+# Markers, set in the test files: `slow` (over a minute on 2 cores: `make
+# test-fast` leaves them out), `profile_subset` and `profile_subset_164` (what
+# CI also runs on the runtime profiles: of the modules where the code meets the
+# libraries a profile changes, every test not marked slow, and a few slow
+# ones; the unit tier runs whole on every profile; docs/guides/profiles.md).
 
 
 # Tests that need a module the library treats as optional (Horovod, Petastorm)
@@ -178,38 +89,59 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for module in _needs(item):
             item.add_marker(pytest.mark.needs(module))
-        if item.nodeid in SLOW_BY_DURATION or item.get_closest_marker("hosts") is not None:
-            item.add_marker(pytest.mark.slow)
-        if item.path.stem in PROFILE_SUBSET and (
-                item.get_closest_marker("slow") is None or item.nodeid in PROFILE_SUBSET_SLOW):
+        if item.path.parent.name == "unit":
+            # The unit tier is quick: every runtime profile runs all of it.
             item.add_marker(pytest.mark.profile_subset)
-        if item.path.stem in PROFILE_SUBSET_164 and (
-                item.get_closest_marker("slow") is None or item.nodeid in PROFILE_SUBSET_164_SLOW):
             item.add_marker(pytest.mark.profile_subset_164)
+        if item.get_closest_marker("hosts") is not None:
+            item.add_marker(pytest.mark.slow)
+            # One cluster of separate hosts per run: its tests share one process.
+            item.add_marker(pytest.mark.xdist_group("hosts"))
+        elif item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
     # One SparkContext per process: tests on the standalone cluster replace the
-    # local session, so they run last and the local ones share one session.
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    # local session, so they run last in their tier and the local ones share one.
+    tiers = {"unit": 0, "integration": 1, "reliability": 2, "hosts": 3}
+    items.sort(key=lambda item: (tiers.get(item.path.parent.name, 1),
+                                 item.get_closest_marker("cluster") is not None))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Each phase's report on its item, for fixtures that record outcomes."""
+    """Each phase's report on its item, for fixtures that record outcomes; a
+    failed test on the cluster of separate hosts keeps every host's logs."""
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+    if report.failed and _CLUSTER and item.get_closest_marker("hosts") is not None:
+        import host_cluster
+
+        folder = _CLUSTER[0].keep_logs(host_cluster.kept_logs_folder(item.nodeid))
+        report.sections.append(("host logs", f"every host's logs are kept in {folder}"))
+        item.user_properties.append(("host_logs", str(folder)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    kept = [(r.nodeid, v) for reports in terminalreporter.stats.values() for r in reports
+            if hasattr(r, "user_properties") for k, v in r.user_properties if k == "host_logs"]
+    for nodeid, folder in kept:
+        terminalreporter.write_line(f"host logs of {nodeid}: {folder}")
+    if _RECORDS:
+        terminalreporter.write_line(f"reliability records: {_RECORDS[0]} "
+                                    "(make reliability-report puts them in docs/)")
 
 
 @pytest.fixture
 def scenario(request):
-    """Records reliability scenarios for docs/RELIABILITY.md (tests/reliability.py):
+    """Records reliability scenarios (tests/support/scenarios.py):
     ``s = scenario("F3 hosts", title, done, passes)``, then ``s.figure(...)``
     for what was measured; the row's result is the test's outcome."""
-    import reliability
+    import scenarios
 
     made = []
 
-    def make(key: str, title: str, done: str, passes: str) -> "reliability.Scenario":
-        s = reliability.Scenario(key, title, done, passes, test=request.node.nodeid)
+    def make(key: str, title: str, done: str, passes: str) -> "scenarios.Scenario":
+        s = scenarios.Scenario(key, title, done, passes, test=request.node.nodeid)
         made.append(s)
         return s
 
@@ -219,21 +151,28 @@ def scenario(request):
         if report is None or report.skipped:
             continue
         lines = report.longreprtext.strip().splitlines() if report.failed else []
-        reliability.record(s, report.passed, lines[-1] if lines else "")
+        scenarios.record(s, report.passed, lines[-1] if lines else "")
+
+
+# This session's records file, once written; the cluster of separate hosts, once started.
+_RECORDS: list = []
+_CLUSTER: list = []
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import reliability
+    import scenarios
 
-    reliability.write()
+    path = scenarios.write()
+    if path is not None:
+        _RECORDS.append(path)
 
 
 @pytest.fixture(scope="session")
 def hosts():
-    """The cluster of separate hosts (tests/hosts.py), one for the session:
-    the separate-hosts tests and the reliability suite share it. Under
-    CI=true a missing capability fails the tests instead of skipping them."""
-    from hosts import HostCluster, base_folder, unavailable_reason
+    """The cluster of separate hosts (tests/support/host_cluster.py), one for
+    the session: the separate-hosts tests and the reliability suite share it.
+    Under CI=true a missing capability fails the tests instead of skipping them."""
+    from host_cluster import HostCluster, base_folder, kept_logs_folder, unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
@@ -242,9 +181,16 @@ def hosts():
         pytest.skip(reason)
     cluster = HostCluster(base_folder())
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except Exception as exc:
+            folder = cluster.keep_logs(kept_logs_folder("cluster-start"))
+            raise RuntimeError(f"the cluster of separate hosts did not start ({exc}); every "
+                               f"host's logs are kept in {folder}") from exc
+        _CLUSTER.append(cluster)
         yield cluster
     finally:
+        _CLUSTER.clear()
         cluster.stop()
         assert cluster.leftovers() == [], f"left behind: {cluster.leftovers()}"
 

@@ -197,7 +197,9 @@ def test_cpu_sampler_finds_the_busy_thread_of_a_child():
     assert window is not None and child.pid in window
     threads = sorted(window[child.pid]["threads"].values(), key=lambda us: -sum(us))
     assert len(threads) == 2  # the spinning main thread and the sleeping one
-    assert sum(threads[0]) > 0.3  # spinning (below 1.0 on a busy machine)
+    # Spinning: below 1.0 of a core, and below 0.3 while other work loads both
+    # cores; what is checked is that the sampler tells it from the sleeping one.
+    assert sum(threads[0]) > 0.1 and sum(threads[0]) > 10 * sum(threads[1]), threads
     assert sum(threads[1]) < 0.05  # sleeping
     split = thread_split(window, processes=1)
     assert split["main"] == pytest.approx(sum(threads[0]))

@@ -13,8 +13,13 @@ from dist_dl.core import compat
 from dist_dl.train.checkpoint import CheckpointManager, CorruptCheckpointWarning, UntrustedCheckpoint
 from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
 
-# Ship this module's worker functions to Horovod workers by value.
+from keras_models import tiny_classifier as _model
+import keras_models
+
+# Ship this module's worker functions (and the model they build) to Horovod
+# workers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(keras_models)
 
 
 def _data(seed: int = 0, rows: int = 64):
@@ -22,23 +27,6 @@ def _data(seed: int = 0, rows: int = 64):
     x = rng.normal(size=(rows, 8, 8, 1)).astype("float32")
     y = rng.integers(0, 3, rows).astype("int32")
     return x, y
-
-
-def _model(seed: int, learning_rate: float = 0.01):
-    keras = compat.keras()
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(4, 3, activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(3),
-    ])
-    # Adam: its slots and its iteration count (bias correction) must both be
-    # restored for a resumed run to match.
-    model.compile(keras.optimizers.Adam(learning_rate),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 def _fit(model, epochs, initial_epoch=0, callbacks=(), data_seed=0):

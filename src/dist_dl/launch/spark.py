@@ -385,23 +385,50 @@ def _workers_exit_without_final_collection() -> None:
 # Keepalive of the driver's connections to the tasks' services: the first
 # probe after 10 s without traffic, then every 5 s; 3 unanswered end it.
 KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+# Keepalive probes are sent only while nothing is in flight: data sent and not
+# acknowledged (a request written just before the peer's host dropped off the
+# network) is retransmitted for about 15 minutes before Linux gives up
+# (tcp_retries2), and a connect() to such a host retries its SYN for about
+# 2 minutes (tcp_syn_retries). TCP_USER_TIMEOUT (tcp(7)) bounds the first, a
+# timeout on connect() the second, to what keepalive allows an idle connection.
+DEAD_PEER_SECONDS = KEEPALIVE["TCP_KEEPIDLE"] + KEEPALIVE["TCP_KEEPINTVL"] * KEEPALIVE["TCP_KEEPCNT"]
+
+
+class _BoundedSocket(socket.socket):
+    """A TCP socket whose connect() gives up on a host that does not answer
+    within :data:`DEAD_PEER_SECONDS`; once connected it blocks as before
+    (a wait for a worker's exit code may rightly last hours)."""
+
+    def connect(self, address):
+        previous = self.gettimeout()
+        self.settimeout(DEAD_PEER_SECONDS)
+        try:
+            super().connect(address)
+        finally:
+            self.settimeout(previous)
 
 
 class _KeepAliveSockets:
     """Stands in for the ``socket`` module inside Horovod's network code:
-    its TCP sockets are made with keepalive on (:data:`KEEPALIVE`)."""
+    its TCP sockets are made with keepalive on (:data:`KEEPALIVE`), unacknowledged
+    data bounded by TCP_USER_TIMEOUT and connect() by a timeout
+    (:data:`DEAD_PEER_SECONDS`)."""
 
     def __getattr__(self, name):
         return getattr(socket, name)
 
     @staticmethod
     def socket(family=socket.AF_INET, type=socket.SOCK_STREAM, *args, **kwargs):
-        sock = socket.socket(family, type, *args, **kwargs)
-        if type == socket.SOCK_STREAM:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for name, value in KEEPALIVE.items():
-                if hasattr(socket, name):   # Linux; macOS lacks some
-                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        if type != socket.SOCK_STREAM:
+            return socket.socket(family, type, *args, **kwargs)
+        sock = _BoundedSocket(family, type, *args, **kwargs)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in KEEPALIVE.items():
+            if hasattr(socket, name):   # Linux; macOS lacks some
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):   # Linux
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                            DEAD_PEER_SECONDS * 1000)
         return sock
 
 
@@ -411,19 +438,19 @@ def _detect_dead_task_services() -> None:
     For every worker, Horovod's driver holds one connection to the task
     service in its Spark task and waits on it for the worker's exit code
     (``BasicTaskClient.wait_for_command_exit_code``, a request the service
-    answers when the command ends), with no timeout. When the host is cut off
-    the network and its worker process dies meanwhile (once the host is
-    back, Spark replaces its executor by a new one), the end of that
-    connection is lost with the network and never arrives: the driver waits
-    for ever on a connection, ESTABLISHED to a port nothing listens on, to a
-    process that no longer exists (tests/test_reliability.py, F2, on the
-    cluster of separate hosts). Keepalive probes find
-    such a dead peer within about 25 s of its host answering again, or of it
-    not answering at all; Horovod then sees a failed worker and the launch
-    fails as for any other. Horovod 0.28.1 (its last release) sets no socket
-    options there, so its module's ``socket`` is replaced, as ``shutil`` is
-    above; the task services' listening sockets are made elsewhere
-    (``socketserver``) and are not touched."""
+    answers when the command ends), with no timeout, and it opens a new
+    connection for every other request (``BasicClient._send_one``: abort,
+    command status), with no connect timeout. When a host is cut off the
+    network, the end of the waiting connection never arrives, and a request
+    opened or written to that host meanwhile waits on TCP's retransmissions
+    (minutes). The sockets of Horovod's network module get keepalive,
+    TCP_USER_TIMEOUT and a connect timeout (:class:`_KeepAliveSockets`): each
+    of these ends within :data:`DEAD_PEER_SECONDS` of the host going silent,
+    Horovod then sees a failed worker, and the launch fails as for any other.
+    Horovod 0.28.1 (its last release) sets no socket options there, so its
+    module's ``socket`` is replaced, as ``shutil`` is above; the task
+    services' listening sockets are made elsewhere (``socketserver``) and are
+    not touched."""
     from horovod.runner.common.util import network
 
     if not isinstance(network.socket, _KeepAliveSockets):

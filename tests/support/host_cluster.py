@@ -165,6 +165,16 @@ def base_folder() -> Path:
     return Path(BASE_PARENT) / f"dist_dl-hosts-{os.getpid()}"
 
 
+def kept_logs_folder(test: str) -> Path:
+    """Where a failed test keeps the hosts' logs: under ``runs/tests/host-logs``
+    of the checkout (untracked), or ``DIST_DL_TEST_LOGS``; one folder per test
+    and moment."""
+    root = Path(os.environ.get("DIST_DL_TEST_LOGS")
+                or Path(__file__).resolve().parents[2] / "runs" / "tests" / "host-logs")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test.split("::")[-1])[:120]
+    return root / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{name}"
+
+
 def _kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -202,6 +212,7 @@ class HostCluster:
         self._veth = {name: f"v{pid}{i}" for i, name in enumerate(self.HOSTS)}
         self.master_url = f"spark://{self.hosts['master'].address}:{SPARK_PORT}"
         self._spark_procs: list[tuple[Host, subprocess.Popen]] = []
+        self._driver_runs = 0
 
     # ------------------------------------------------------------- set-up
 
@@ -336,9 +347,17 @@ class HostCluster:
         shared folder) and ``ready(spark)`` (waits for both executors) as
         globals.
         """
-        result = self.hosts["driver"].run([sys.executable, "-c", self.driver_script(code, timeout)],
-                                          env=self.env("driver", **(env or {})),
-                                          timeout=timeout, cwd="/tmp/driver")
+        self._driver_runs += 1
+        log = self.logs / f"driver-program-{self._driver_runs:02d}.log"
+        try:
+            result = self.hosts["driver"].run(
+                [sys.executable, "-c", self.driver_script(code, timeout)],
+                env=self.env("driver", **(env or {})), timeout=timeout, cwd="/tmp/driver")
+        except TimeoutError as exc:
+            log.write_text(f"{code}\n--- timed out:\n{exc}")
+            raise
+        log.write_text(f"{code}\n--- exit {result.returncode}\n--- stdout:\n{result.stdout}"
+                       f"\n--- stderr:\n{result.stderr}")
         if result.returncode != 0:
             raise AssertionError(f"the driver program failed (exit {result.returncode}):\n"
                                  f"stdout:\n{result.stdout[-6000:]}\n"
@@ -386,6 +405,29 @@ class HostCluster:
             for folder in listing:
                 out.append(f"--- {name}:{folder}/stderr\n{host.read(folder + '/stderr')[-tail:]}")
         return "\n".join(out)
+
+    def keep_logs(self, folder: Path) -> Path:
+        """Copy every host's logs into ``folder`` (outside the cluster's own
+        folder, which goes at tear-down): the daemons' logs and the driver
+        programs' whole output (``base/logs``), and from each host's private
+        /tmp its Spark executors' stdout and stderr and any ``*.log``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.logs.is_dir():
+            shutil.copytree(self.logs, folder / "shared-logs", dirs_exist_ok=True)
+        find = ("cd /tmp && find . -xdev -type f \\( -name stdout -o -name stderr -o -name '*.log' "
+                "-o -name '*.out' \\) -size -64M -print0 | tar --null -T - -cf - 2>/dev/null")
+        for host in self.hosts.values():
+            if host.holder is None or host.holder.poll() is not None:
+                continue
+            done = subprocess.run([*host._enter(), "sh", "-c", find], capture_output=True,
+                                  timeout=120)
+            if done.stdout:
+                target = folder / host.name
+                target.mkdir(exist_ok=True)
+                subprocess.run(["tar", "-xf", "-", "-C", str(target)], input=done.stdout,
+                               check=False, timeout=120)
+        return folder
 
     def processes(self, host: str) -> list[int]:
         """Pids of the processes in ``host``'s network namespace, less its holder."""
