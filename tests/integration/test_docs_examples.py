@@ -4,7 +4,7 @@ Each document's runnable ``python`` blocks run in order as one script, in one
 fresh Python process, in a temporary working folder (the README's examples
 start a local[2] Spark, train on scikit-learn's digits for one epoch and
 write their MLflow runs there). Its runnable ``bash`` blocks run in the
-repository root. The convention is in tests/docblocks.py.
+repository root. The convention is in tests/support/docblocks.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import docblocks  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -3,7 +3,7 @@ times a second, with optimizer state (Adam's slots and iteration count) that
 an exact resume must restore."""
 from __future__ import annotations
 
-from dist_dl import compat
+from dist_dl.core import compat
 
 
 def tiny_classifier(seed: int, learning_rate: float = 0.01):

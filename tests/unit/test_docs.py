@@ -1,7 +1,7 @@
 """The README and the documentation site: every code block is run or says
 why not, every Python block parses, and the site builds in strict mode.
 
-The convention is in tests/docblocks.py; the runnable blocks run in
+The convention is in tests/support/docblocks.py; the runnable blocks run in
 tests/integration/test_docs_examples.py.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import docblocks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,0 +1,146 @@
+"""The cases of tests/integration/test_search.py that need no Spark, no training
+and no worker process."""
+from __future__ import annotations
+
+import pytest
+
+from dist_dl.search import (Choice, IntRange, LogUniform, Uniform, estimate_trial_memory,
+                            search, trials_per_worker)
+
+
+def test_trial_memory_estimate_and_trials_per_worker():
+    # 25M parameters (ResNet-50 size), Adam, float32, batch 32, 10M
+    # activation values per sample.
+    mem = estimate_trial_memory(num_params=25_000_000, batch_size=32,
+                                activations_per_sample=10_000_000, overhead_bytes=0)
+    assert mem.weights == 100_000_000 and mem.gradients == 100_000_000
+    assert mem.optimizer_state == 200_000_000
+    assert mem.activations == 2 * 32 * 10_000_000 * 4
+    inference = estimate_trial_memory(num_params=25_000_000, batch_size=32,
+                                      activations_per_sample=10_000_000, backprop=False,
+                                      overhead_bytes=0)
+    assert inference.total < mem.total / 2
+    mixed = estimate_trial_memory(num_params=25_000_000, batch_size=32,
+                                  activations_per_sample=10_000_000, precision="mixed",
+                                  overhead_bytes=0)
+    assert mixed.activations == mem.activations // 2 and mixed.weights == mem.weights
+    assert trials_per_worker(mem.total, 16 * 2**30) == int(16 * 2**30 * 0.9 // mem.total)
+    assert trials_per_worker(mem.total, mem.total) == 0
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        estimate_trial_memory(num_params=1, batch_size=1, activations_per_sample=1,
+                              precision="fp8")
+
+
+def _report_server(on_report, token):
+    import threading
+
+    from dist_dl.search.driver import _make_handler, _ReportServer
+
+    server = _ReportServer(("127.0.0.1", 0), _make_handler(on_report, token))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _send(address, payload: bytes) -> dict:
+    import json
+    import socket
+
+    with socket.create_connection(address, timeout=10) as conn:
+        conn.sendall(payload)
+        return json.loads(conn.makefile("rb").readline() or b"{}")
+
+
+@pytest.mark.timeout(60)
+def test_report_server_refuses_and_logs_a_missing_wrong_or_replayed_signature(caplog, scenario):
+    """The search's report server: the token never travels (reports are
+    signed with it), and a report without a signature, signed with another
+    token, replayed, or not a report at all is refused and logged."""
+    import json
+    import logging
+    import secrets
+
+    from dist_dl.search.task import Reporter, TrialPruned, sign_report
+
+    s = scenario("S14a local", "search report server: forged reports",
+                 "reports sent to the search's report server without a signature, signed "
+                 "with another token, replayed, altered, and not JSON at all",
+                 "each is refused and logged (without the token); none reaches the search")
+    token = secrets.token_hex(16)
+    accepted = []
+
+    def on_report(fields):
+        accepted.append(fields)
+        return fields["value"] > 5
+
+    server = _report_server(on_report, token)
+    address = server.server_address[:2]
+    try:
+        reporter = Reporter(address, token, trial=3)
+        reporter.report(1.0)
+        with pytest.raises(TrialPruned):
+            reporter.report(9.0)
+        assert [(f["trial"], f["step"], f["value"]) for f in accepted] == [(3, 0, 1.0),
+                                                                           (3, 1, 9.0)]
+        caplog.set_level(logging.WARNING, logger="dist_dl.search.driver")
+        signed = {"trial": 3, "step": 2, "value": 2.0, "nonce": "n1"}
+        signed["mac"] = sign_report(token, signed)
+        assert "prune" in _send(address, json.dumps(signed).encode() + b"\n")
+        cases = {
+            "no signature": {"token": token, "trial": 3, "step": 2, "value": 2.0},
+            "wrong signature": {**signed, "nonce": "n2",
+                                "mac": sign_report("another-token", {**signed, "nonce": "n2"})},
+            "replayed": signed,
+            "altered": {**signed, "value": 1e9},
+        }
+        for name, message in cases.items():
+            reply = _send(address, json.dumps(message).encode() + b"\n")
+            assert reply["error"].startswith("refused"), name
+        assert "refused" in _send(address, b"\x80garbage" * 100 + b"\n")["error"]
+        with pytest.raises(RuntimeError, match="refused a report: refused: wrong signature"):
+            Reporter(address, "wrong-token", trial=3).report(1.0)
+        assert len(accepted) == 3  # none of the refused ones reached the search
+        refusals = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
+        assert len(refusals) == 6
+        for reason in ("no signature", "wrong signature", "replayed", "not a JSON line"):
+            assert any(reason in m for m in refusals), reason
+        assert not any(token in m for m in refusals)
+        s.figure("6 forged messages refused and logged, 0 reached the search; the token in "
+                 "no log line")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_the_token_is_not_sent_and_a_forged_answer_is_refused(scenario):
+    """What a listener between an executor and the driver sees of a report,
+    and what a forged server achieves: no token on the wire, and an
+    unsigned 'stop this trial' answer raises instead of pruning."""
+    import secrets
+    import socketserver
+    import threading
+
+    from dist_dl.search.task import Reporter
+
+    s = scenario("S14b local", "search report token on the wire",
+                 "a trial's reporter talks to a forged server that records what arrives "
+                 "and answers 'stop this trial' unsigned",
+                 "the token is not in what the server receives (reports are signed with "
+                 "it, an HMAC); the unsigned answer is refused with an error")
+    seen = []
+
+    class Forger(socketserver.StreamRequestHandler):
+        def handle(self):
+            seen.append(self.rfile.readline())
+            self.wfile.write(b'{"prune": true}\n')
+
+    token = secrets.token_hex(16)
+    with socketserver.TCPServer(("127.0.0.1", 0), Forger) as forger:
+        threading.Thread(target=forger.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(RuntimeError, match="not signed with the search's token"):
+                Reporter(forger.server_address[:2], token, trial=1).report(0.5)
+        finally:
+            forger.shutdown()
+    assert len(seen) == 1 and b'"mac"' in seen[0] and token.encode() not in seen[0]
+    s.figure("the token absent from the bytes sent; the forged answer refused")
