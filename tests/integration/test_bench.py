@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_dl.app.bench import (CpuSampler, input_verdict, merge_results, plot_results,
-                           publish_results, result_entry, run_benchmark, thread_split)
+from dist_dl.app.bench import (result_entry, run_benchmark)
 from dist_dl.app.config import BenchConfig
 
 

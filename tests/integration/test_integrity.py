@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import train_hooks
-from dist_dl.core.integrity import IntegrityError, KEY_ENV, checkpoint_key, sha256_bytes
+from dist_dl.core.integrity import IntegrityError, KEY_ENV, sha256_bytes
 
 
 cloudpickle.register_pickle_by_value(train_hooks)

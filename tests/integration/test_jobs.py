@@ -14,42 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from databricks_standin import DatabricksStandIn
-from dist_dl.app.databricks.jobs import (WHEEL_PLACEHOLDER, AuthenticationError, JobFileError,
-                                     JobsError, RunFailedError, deploy, load_job, main, run,
-                                     validate)
+from jobs_fixtures import job_file, wheel, workspace  # noqa: F401 (fixtures)
+from dist_dl.app.databricks.jobs import main
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.profile_subset, pytest.mark.profile_subset_164]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
-
-
-@pytest.fixture
-def workspace(monkeypatch):
-    with DatabricksStandIn() as standin:
-        monkeypatch.setenv("DATABRICKS_HOST", standin.host)
-        monkeypatch.setenv("DATABRICKS_TOKEN", standin.token)
-        yield standin
-
-
-@pytest.fixture
-def job_file(tmp_path) -> Path:
-    """The Azure training workflow with its <EDIT:...> values filled in."""
-    text = (JOBS / "training_workflow_azure.json").read_text()
-    path = tmp_path / "training.json"
-    path.write_text(text.replace("<EDIT:storage-account>", "dldatalake"))
-    return path
-
-
-@pytest.fixture
-def wheel(tmp_path) -> Path:
-    """A small stand-in wheel: a zip declaring the console script."""
-    path = tmp_path / "dist_dl-0.1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("dist_dl-0.1.0.dist-info/entry_points.txt",
-                         "[console_scripts]\ndist-dl = dist_dl.cli:main\n")
-    return path
 
 
 def _make_wheel(tmp_path) -> Path:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dist_dl.core.quiet import QUIET_ENV, quiet_defaults, quiet_env
+from dist_dl.core.quiet import QUIET_ENV
 
 # TensorFlow's C++ start-up lines (in every process that loads it), MLflow's
 # artifact download bar and the Spark driver JVM's start-up lines: what

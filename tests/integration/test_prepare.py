@@ -8,10 +8,9 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from imagedata import WNIDS, digit_images, encode, sample_photo, write_imagenet_tree
+from imagedata import WNIDS, digit_images, encode, write_imagenet_tree
 
-from dist_dl.prepare import ShardConfig, load_label_index, make_synthetic_images, \
-    prepare_image_dataset
+from dist_dl.prepare import ShardConfig, load_label_index, prepare_image_dataset
 
 pytestmark = [pytest.mark.profile_subset_164]
 

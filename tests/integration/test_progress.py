@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dist_dl.core.progress import SparkProgress, format_duration
+from dist_dl.core.progress import SparkProgress
 
 
 @pytest.mark.timeout(120)

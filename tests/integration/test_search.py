@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_dl.search import (Choice, IntRange, LogUniform, Uniform, estimate_trial_memory,
-                            search, trials_per_worker)
+from dist_dl.search import (Choice, IntRange, LogUniform, Uniform, search)
 
 
 def _max_overlap(intervals) -> int:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dist_dl.app.bench import (CpuSampler, input_verdict, merge_results, plot_results,
-                           publish_results, result_entry, run_benchmark, thread_split)
+                           publish_results, result_entry, thread_split)
 from dist_dl.train.timing import StepTimes
 
 

@@ -1,8 +1,28 @@
-"""The cases of tests/integration/test_design.py that need no Spark, no training
-and no worker process."""
+"""The package's shape, checked from the source.
+
+- No import cycles between dist_dl's modules. A cycle makes import order
+  matter (a half-initialised module is seen by the other), and it ties
+  together code that should change separately.
+- Layers that follow the data: ``dist_dl.core`` (the helpers every stage
+  uses) imports no stage and not the application; each stage imports
+  ``core`` and the stages before it in :data:`STAGES`, never a later one, a
+  peer of its own group or the application (``dist_dl.app``, ``dist_dl.cli``),
+  which may import everything. Both imports at module level and imports
+  inside functions (run on first call) count: either is a dependency.
+- No module over :data:`MAX_LINES` lines.
+- Importing a module that runs in workers loads only the dist_dl modules
+  that its own imports reach (package ``__init__``s import their public
+  names on first use), and no heavy library it does not import.
+
+Imports are read with ``ast`` (nothing is imported) except in the last check,
+so the others also cover modules whose dependencies are not installed here.
+"""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +30,18 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+
+# The stages in the order data flows through them: raw images to shards
+# (prepare), shards to batches (read), workers started (launch), runs, metrics
+# and models logged (tracking), logged models scoring DataFrames (score), and
+# the three ways of training that use them, as peers: one model on all
+# workers (train, whose TrainedModel scores with score), an ensemble of
+# partition models (ensemble), parallel trials (search).
+STAGES = (("prepare",), ("read",), ("launch",), ("tracking",), ("score",),
+          ("train", "ensemble", "search"))
+BASE = "core"
+SHELL = ("app", "cli")
+MAX_LINES = 600
 
 
 def _modules(src: Path, package: str) -> dict[str, tuple[Path, bool]]:
@@ -158,3 +190,171 @@ def test_the_check_finds_a_cycle(tmp_path):
     (package / "sub" / "b.py").write_text("import pkg.c\n")
     assert cycles(import_graph(tmp_path, "pkg", deferred=False)) == \
         [["pkg.c", "pkg.sub.b", "pkg.c"]]
+
+
+def _part(module: str) -> str:
+    """The top-level part of dist_dl a module belongs to ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, dict[str, int]], src: Path, package: str) -> list[str]:
+    """Each import that goes against the layers, as "file:line: what and why"."""
+    rank = {BASE: -1, **{stage: i for i, group in enumerate(STAGES) for stage in group}}
+    found = []
+    for module, edges in sorted(graph.items()):
+        part = _part(module)
+        if part not in rank:
+            continue  # the shell and the package root may import anything
+        for other, line in sorted(edges.items(), key=lambda e: e[1]):
+            other_part = _part(other)
+            if other_part == part:
+                continue
+            if other_part in rank and rank[other_part] < rank[part]:
+                continue
+            if other_part not in rank:
+                why = "the application shell, which no stage or core module imports"
+            elif part == BASE:
+                why = f"the stage {other_part!r}; {BASE} imports no stage"
+            elif rank[other_part] == rank[part]:
+                why = f"the stage {other_part!r}, a peer of {part!r} (neither imports the other)"
+            else:
+                why = f"the stage {other_part!r}, which comes after {part!r}"
+            found.append(f"{_file(src, package, module)}:{line}: {module} imports {other}: {why}")
+    return found
+
+
+def _file(src: Path, package: str, module: str) -> str:
+    path, _ = _modules(src, package)[module]
+    return str(path.relative_to(src.parent))
+
+
+def long_modules(src: Path, package: str, limit: int = MAX_LINES) -> list[str]:
+    return [f"{_file(src, package, name)}: {n} lines (at most {limit}: split it where its parts "
+            f"have separate concerns)"
+            for name, (path, _) in sorted(_modules(src, package).items())
+            if (n := len(path.read_text().splitlines())) > limit]
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "with-deferred"])
+def test_stages_import_only_core_and_earlier_stages(deferred):
+    graph = import_graph(SRC, "dist_dl", deferred=deferred)
+    parts = {_part(m) for m in graph}
+    assert {BASE, *SHELL, *(s for g in STAGES for s in g)} <= parts, \
+        f"a layer named here is missing from src/dist_dl: {sorted(parts)}"
+    unplaced = sorted(parts - {BASE, *SHELL, "", *(s for g in STAGES for s in g)})
+    assert not unplaced, f"dist_dl.{unplaced[0]} is in no layer: add it to STAGES, core or the shell " \
+        "in tests/test_design.py"
+    found = layer_violations(graph, SRC, "dist_dl")
+    assert not found, "imports against the layers (move what both need into dist_dl.core or " \
+        "into the earlier stage):\n" + "\n".join(found)
+
+
+def test_no_module_is_over_the_line_limit():
+    found = long_modules(SRC, "dist_dl")
+    assert not found, "\n".join(found)
+
+
+def test_the_layer_checks_find_what_goes_against_them(tmp_path):
+    src = tmp_path / "src"
+    package = src / "pkg"
+    for folder in ("core", "read", "train", "search", "app"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "core" / "h.py").write_text("def f():\n    from pkg.read import r\n")
+    (package / "read" / "r.py").write_text("from pkg.core import h\nfrom pkg.train import t\n")
+    (package / "train" / "t.py").write_text("import pkg.read.r\nimport pkg.search.s\n" + "x = 1\n" * 700)
+    (package / "search" / "s.py").write_text("from pkg.app import shell\n")
+    (package / "app" / "shell.py").write_text("import pkg.train.t\n")
+
+    module_level = layer_violations(import_graph(src, "pkg", deferred=False), src, "pkg")
+    assert module_level == [
+        "src/pkg/read/r.py:2: pkg.read.r imports pkg.train.t: the stage 'train', which comes after 'read'",
+        "src/pkg/search/s.py:1: pkg.search.s imports pkg.app.shell: the application shell, which no "
+        "stage or core module imports",
+        "src/pkg/train/t.py:2: pkg.train.t imports pkg.search.s: the stage 'search', a peer of 'train' "
+        "(neither imports the other)"]
+    with_deferred = layer_violations(import_graph(src, "pkg", deferred=True), src, "pkg")
+    assert with_deferred[0] == \
+        "src/pkg/core/h.py:2: pkg.core.h imports pkg.read.r: the stage 'read'; core imports no stage"
+    assert long_modules(src, "pkg") == [
+        "src/pkg/train/t.py: 702 lines (at most 600: split it where its parts have separate concerns)"]
+
+
+# Modules that run in workers (Horovod or tf.distribute processes, Spark
+# tasks), with the libraries importing each must not load: a worker sets its
+# threads and devices before TensorFlow loads, and a Spark task should not pay
+# for MLflow or TensorFlow it does not use.
+WORKER_MODULES = {
+    "dist_dl.read.arrow": ("tensorflow", "mlflow", "pyspark", "petastorm"),
+    "dist_dl.read.dataset": ("tensorflow", "mlflow", "pyspark", "petastorm"),
+    "dist_dl.launch._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.launch.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.train.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.train.worker_tf": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.train.worker_keras3": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.train.checkpoint": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.ensemble.task": ("tensorflow", "mlflow", "pyspark"),
+    "dist_dl.search.task": ("tensorflow", "mlflow", "pyspark"),
+}
+
+_PROBE = """
+import importlib, json, sys
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _reached(graph: dict[str, dict[str, int]], module: str) -> set[str]:
+    """What importing ``module`` may load: it, its packages, and what their
+    module-level imports reach, with the packages of each."""
+    reached, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            package = ".".join(parts[:i])
+            if package not in reached and package in graph:
+                reached.add(package)
+                todo.extend(graph[package])
+    return reached
+
+
+@pytest.mark.parametrize("module", sorted(WORKER_MODULES))
+def test_a_worker_module_loads_only_what_it_imports(module):
+    graph = import_graph(SRC, "dist_dl", deferred=False)
+    done = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True,
+                          timeout=50, env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    extra = sorted(m for m in loaded if m.split(".")[0] == "dist_dl")
+    extra = [m for m in extra if m not in _reached(graph, module)]
+    assert not extra, f"importing {module} loads {extra}, which its imports do not reach: a " \
+        "package __init__ imports them eagerly (make it lazy, see dist_dl.core.lazy)"
+    heavy = [top for top in WORKER_MODULES[module] if top in loaded]
+    assert not heavy, f"importing {module} loads {heavy}: import them inside the functions that " \
+        "use them"
+
+
+LAZY_PACKAGES = ("dist_dl", "dist_dl.prepare", "dist_dl.read", "dist_dl.launch", "dist_dl.tracking",
+                 "dist_dl.score", "dist_dl.train", "dist_dl.ensemble", "dist_dl.search",
+                 "dist_dl.app.bench", "dist_dl.app.databricks")
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_a_package_s_public_names_come_from_the_modules_its_map_names(package):
+    """Each name of ``__all__`` is in the package's name -> module map, and that
+    module lists it in its own ``__all__`` (checked without building lazily
+    defined Keras classes)."""
+    import importlib
+
+    module = importlib.import_module(package)
+    exports = module._EXPORTS
+    assert list(exports) == [n for n in module.__all__ if n in exports] and \
+        set(exports) == set(module.__all__), \
+        f"{package}: __all__ and _EXPORTS name different things: {sorted(set(exports) ^ set(module.__all__))}"
+    wrong = [f"{name} -> {source}" for name, source in exports.items()
+             if name not in getattr(importlib.import_module(source), "__all__", ())]
+    assert not wrong, f"{package}._EXPORTS names modules that do not export these: {wrong}"
+    assert set(module.__all__) <= set(dir(module))

@@ -8,7 +8,7 @@ import cloudpickle
 import pytest
 
 import train_hooks
-from dist_dl.core.integrity import IntegrityError, KEY_ENV, checkpoint_key, sha256_bytes
+from dist_dl.core.integrity import KEY_ENV, checkpoint_key
 
 
 cloudpickle.register_pickle_by_value(train_hooks)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from databricks.sdk.service.jobs import JobSettings
 
-from databricks_standin import DatabricksStandIn
+from jobs_fixtures import job_file, wheel, workspace  # noqa: F401 (fixtures)
 from dist_dl.app.databricks.jobs import (WHEEL_PLACEHOLDER, AuthenticationError, JobFileError,
                                      JobsError, RunFailedError, deploy, load_job, main, run,
                                      validate)
@@ -34,33 +34,6 @@ TFDIST_17_CPU_RUNTIME = "17.3.x-cpu-ml-scala2.13"
 # Job file name (without the cloud) -> (runtime of CPU clusters, of GPU clusters).
 RUNTIMES = {"training_tfdist": (TFDIST_CPU_RUNTIME, TFDIST_GPU_RUNTIME),
             "training_tfdist_17": (TFDIST_17_CPU_RUNTIME, TFDIST_17_GPU_RUNTIME)}
-
-
-@pytest.fixture
-def workspace(monkeypatch):
-    with DatabricksStandIn() as standin:
-        monkeypatch.setenv("DATABRICKS_HOST", standin.host)
-        monkeypatch.setenv("DATABRICKS_TOKEN", standin.token)
-        yield standin
-
-
-@pytest.fixture
-def job_file(tmp_path) -> Path:
-    """The Azure training workflow with its <EDIT:...> values filled in."""
-    text = (JOBS / "training_workflow_azure.json").read_text()
-    path = tmp_path / "training.json"
-    path.write_text(text.replace("<EDIT:storage-account>", "dldatalake"))
-    return path
-
-
-@pytest.fixture
-def wheel(tmp_path) -> Path:
-    """A small stand-in wheel: a zip declaring the console script."""
-    path = tmp_path / "dist_dl-0.1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("dist_dl-0.1.0.dist-info/entry_points.txt",
-                         "[console_scripts]\ndist-dl = dist_dl.cli:main\n")
-    return path
 
 
 def test_jobs_folder_holds_the_job_definitions():

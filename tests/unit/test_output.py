@@ -2,7 +2,7 @@
 and no worker process."""
 
 
-from dist_dl.core.quiet import QUIET_ENV, quiet_defaults, quiet_env
+from dist_dl.core.quiet import quiet_defaults, quiet_env
 
 
 def test_quiet_defaults_never_override_the_users_choice():

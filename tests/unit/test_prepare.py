@@ -6,10 +6,9 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from imagedata import WNIDS, digit_images, encode, sample_photo, write_imagenet_tree
+from imagedata import digit_images, encode, sample_photo
 
-from dist_dl.prepare import ShardConfig, load_label_index, make_synthetic_images, \
-    prepare_image_dataset
+from dist_dl.prepare import ShardConfig, load_label_index, make_synthetic_images
 from dist_dl.prepare.images import encode_image
 from dist_dl.prepare.schema import COLUMNS
 

@@ -3,7 +3,7 @@ and no worker process."""
 from __future__ import annotations
 
 import math
-from dist_dl.core.progress import SparkProgress, format_duration
+from dist_dl.core.progress import format_duration
 
 
 def test_durations_read_as_minutes_and_hours():

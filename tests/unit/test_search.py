@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_dl.search import (Choice, IntRange, LogUniform, Uniform, estimate_trial_memory,
-                            search, trials_per_worker)
+from dist_dl.search import (estimate_trial_memory, trials_per_worker)
 
 
 def test_trial_memory_estimate_and_trials_per_worker():

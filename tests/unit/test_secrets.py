@@ -7,7 +7,7 @@ import cloudpickle
 import pytest
 
 import train_hooks
-from dist_dl.app.databricks import read_secret, redact, sas_expiry, use_sas_token
+from dist_dl.app.databricks import read_secret
 
 cloudpickle.register_pickle_by_value(train_hooks)
 
