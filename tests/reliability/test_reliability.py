@@ -531,6 +531,7 @@ def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(requ
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.hosts
 @pytest.mark.parametrize("fault", ["sigint", "cancel"])
 def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario, fault):
     where = "hosts"

@@ -55,3 +55,27 @@ def test_the_hosts_tier_is_marked_hosts():
     for path in (TESTS / "hosts").glob("test_*.py"):
         assert re.search(r"^pytestmark = .*pytest\.mark\.hosts", path.read_text(), re.M), (
             f"{path.name}: the hosts tier's modules carry pytestmark = [pytest.mark.hosts, ...]")
+
+
+def _marked_hosts(node: ast.FunctionDef, module_marked: bool) -> bool:
+    return module_marked or any("hosts" in ast.unparse(d) for d in node.decorator_list)
+
+
+def test_every_test_on_the_cluster_of_separate_hosts_is_marked_hosts():
+    """The tests of the cluster of separate hosts share one cluster, in one
+    process (an xdist_group given by the marker): one that asks for the
+    cluster unmarked would start a second."""
+    unmarked = []
+    for path in TESTS.rglob("test_*.py"):
+        source = path.read_text()
+        tree = ast.parse(source)
+        module_marked = bool(re.search(r"^pytestmark = .*pytest\.mark\.hosts", source, re.M))
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            text = ast.get_source_segment(source, node)
+            asks = ("hosts" in [a.arg for a in node.args.args] or '"hosts"' in text
+                    or "where" in [a.arg for a in node.args.args])
+            if asks and not _marked_hosts(node, module_marked):
+                unmarked.append(f"{path.relative_to(TESTS)}::{node.name}")
+    assert not unmarked, f"these use the cluster of separate hosts without pytest.mark.hosts: {unmarked}"
