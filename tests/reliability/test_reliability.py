@@ -35,7 +35,7 @@ SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # 2026, about 85 s): on local Spark the same launcher's failing-rank error and
 # timeout are test_launcher.py's test_worker_exception_on_spark and
 # test_timeout_spark, for both engines.
-WHERE = [pytest.param("hosts", id="hosts", marks=pytest.mark.hosts)]
+WHERE = [pytest.param("hosts", id="hosts")]
 
 # Given to every driver program: which processes of the machine belong to a
 # job (their command line holds a pattern), and on which host each one runs.
@@ -204,6 +204,7 @@ def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.hosts
 @pytest.mark.parametrize("where", WHERE)
 def test_an_exception_in_one_worker_is_named_and_leaves_no_process(request, scenario, where):
     s = scenario(f"F3 {where}", "exception in one worker",
@@ -220,6 +221,7 @@ def test_an_exception_in_one_worker_is_named_and_leaves_no_process(request, scen
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.hosts
 @pytest.mark.parametrize("where", WHERE)
 def test_a_stopped_worker_ends_in_a_timeout_and_leaves_no_process(request, scenario, where):
     s = scenario(f"F4 {where}", "stopped worker",
@@ -234,6 +236,7 @@ def test_a_stopped_worker_ends_in_a_timeout_and_leaves_no_process(request, scena
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.hosts
 @pytest.mark.parametrize("where", WHERE)
 def test_a_slow_worker_under_the_timeout_is_no_alarm(request, scenario, where):
     s = scenario(f"F4b {where}", "slow worker",

@@ -66,7 +66,7 @@ def test_every_test_on_the_cluster_of_separate_hosts_is_marked_hosts():
     process (an xdist_group given by the marker): one that asks for the
     cluster unmarked would start a second."""
     unmarked = []
-    for path in TESTS.rglob("test_*.py"):
+    for path in [p for tier in TIERS[1:] for p in (TESTS / tier).glob("test_*.py")]:
         source = path.read_text()
         tree = ast.parse(source)
         module_marked = bool(re.search(r"^pytestmark = .*pytest\.mark\.hosts", source, re.M))
