@@ -79,11 +79,11 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
-# Two tests at a time, each in a process of its own (pytest-xdist): much of the
-# reliability and separate-hosts tiers waits on timeouts and on other hosts.
-# Tests of one cluster share a process (xdist_group, tests/conftest.py).
-# JOBS=1 runs them one at a time.
-JOBS ?= 2
+# Three tests at a time, each in a process of its own (pytest-xdist): much of
+# the reliability and separate-hosts tiers waits on timeouts and on other hosts,
+# so three keep two cores busy. Tests of one cluster share a process
+# (xdist_group, tests/conftest.py). JOBS=1 runs them one at a time.
+JOBS ?= 3
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
 .PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \

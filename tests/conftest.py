@@ -86,6 +86,7 @@ def _needs(item) -> list[str]:
 # tryfirst: the marker must be on the items before `-m` selects them.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    hosts_tests = 0
     for item in items:
         for module in _needs(item):
             item.add_marker(pytest.mark.needs(module))
@@ -95,8 +96,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.profile_subset_164)
         if item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)
-            # One cluster of separate hosts per run: its tests share one process.
-            item.add_marker(pytest.mark.xdist_group("hosts"))
+            # The tests of the cluster of separate hosts in two groups, taken
+            # in turn: each group runs in one test process, on a cluster of
+            # its own (its session's `hosts`), so that two such tests can run
+            # at once (much of their time is spent waiting).
+            item.add_marker(pytest.mark.xdist_group(f"hosts-{hosts_tests % 2}"))
+            hosts_tests += 1
         elif item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
     # One SparkContext per process: tests on the standalone cluster replace the

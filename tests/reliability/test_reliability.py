@@ -1023,8 +1023,9 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
     from dist_dl.train.checkpoint import CheckpointManager
 
     cluster = request.getfixturevalue("hosts")
-    # Killed after its second checkpoint: two epochs left to resume and run.
-    epochs = 4
+    # Killed one second after its second checkpoint: the epochs after it
+    # must outlast that second (an epoch of this model takes about one).
+    epochs = 8
     s = scenario("F5 hosts", "driver killed and started again",
                  f"train_distributed(df, num_workers=2, epochs={epochs}, checkpoint_dir in the "
                  "shared folder) on the cluster; the driver process gets SIGKILL one second "
