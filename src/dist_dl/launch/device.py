@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import MutableMapping
 
 __all__ = ["DevicePlan", "Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
-           "process_rank", "TASK_GPUS_VAR",
+           "process_rank", "TASK_GPUS_VAR", "WORKER_GPUS_VAR",
            "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
@@ -42,6 +42,10 @@ DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
 # GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
 # (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
 TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
+# GPU ids a launcher gives one worker, all of them its own ('' for none), in
+# place of the plan's one GPU per worker: MirroredStrategyRunner's workers
+# mirror their model over several local GPUs.
+WORKER_GPUS_VAR = "DIST_DL_WORKER_GPUS"
 
 # Where a launcher puts a worker's place in the job before hvd.init():
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
