@@ -6,7 +6,10 @@ Public API (everything else is internal):
   local processes) that form one Horovod job; ``log_to_driver`` from inside it.
 - ``TFDistributeRunner``: the same for tf.distribute's
   MultiWorkerMirroredStrategy, where Horovod is not installed.
-- ``WorkerError``, ``JobTimeout``, ``NotEnoughSlots``: what a failed launch raises.
+- ``MirroredStrategyRunner``: spark-tensorflow-distributor's runner of that
+  name, on the same launcher (a drop-in: only the import changes).
+- ``WorkerError``, ``JobTimeout``, ``NotEnoughSlots``, ``WorkersDiverged``:
+  what a failed launch raises.
 - ``train_distributed``: train an image classifier from a DataFrame or shards
   on all workers; it returns a ``TrainedModel`` (``transform(df)`` scores)
   and raises ``TrainingFailed`` when its retries run out. ``TrainConfig``
@@ -30,10 +33,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.runner",
     "TFDistributeRunner": "dist_dl.launch.runner",
+    "MirroredStrategyRunner": "dist_dl.launch.mirrored",
     "log_to_driver": "dist_dl.launch.worker",
     "WorkerError": "dist_dl.launch.errors",
     "JobTimeout": "dist_dl.launch.errors",
     "NotEnoughSlots": "dist_dl.launch.errors",
+    "WorkersDiverged": "dist_dl.launch.weights",
     "train_distributed": "dist_dl.train.driver",
     "TrainedModel": "dist_dl.train.driver",
     "TrainingFailed": "dist_dl.train.attempts",
@@ -44,13 +49,16 @@ _EXPORTS = {
 # at run time each is imported on first use.
 if TYPE_CHECKING:
     from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
+    from dist_dl.launch.mirrored import MirroredStrategyRunner  # noqa: F401
     from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.weights import WorkersDiverged  # noqa: F401
     from dist_dl.launch.worker import log_to_driver  # noqa: F401
     from dist_dl.train.attempts import TrainingFailed  # noqa: F401
     from dist_dl.train.config import TrainConfig  # noqa: F401
     from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401
 
-__all__ = ["HorovodRunner", "TFDistributeRunner", "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots",
+__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "log_to_driver",
+           "WorkerError", "JobTimeout", "NotEnoughSlots", "WorkersDiverged",
            "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
 
 

@@ -7,6 +7,7 @@ from dist_dl.core.lazy import lazy_exports
 _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.runner",
     "TFDistributeRunner": "dist_dl.launch.runner",
+    "MirroredStrategyRunner": "dist_dl.launch.mirrored",
     "multi_worker_strategy": "dist_dl.launch.tfdist",
     "auto_engine": "dist_dl.launch.backend",
     "log_to_driver": "dist_dl.launch.worker",
@@ -14,6 +15,8 @@ _EXPORTS = {
     "JobTimeout": "dist_dl.launch.errors",
     "JobCancelled": "dist_dl.launch.errors",
     "NotEnoughSlots": "dist_dl.launch.errors",
+    "WorkersDiverged": "dist_dl.launch.weights",
+    "UnsynchronizedTraining": "dist_dl.launch.weights",
 }
 
 # What the names are, for type checkers and the API reference (mkdocstrings);
@@ -23,9 +26,12 @@ if TYPE_CHECKING:
     from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
     from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
     from dist_dl.launch.tfdist import multi_worker_strategy  # noqa: F401
+    from dist_dl.launch.mirrored import MirroredStrategyRunner  # noqa: F401
+    from dist_dl.launch.weights import UnsynchronizedTraining, WorkersDiverged  # noqa: F401
     from dist_dl.launch.worker import log_to_driver  # noqa: F401
 
-__all__ = ["HorovodRunner", "TFDistributeRunner", "multi_worker_strategy", "auto_engine",
-           "log_to_driver", "WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots"]
+__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner",
+           "multi_worker_strategy", "auto_engine", "log_to_driver", "WorkerError", "JobTimeout",
+           "JobCancelled", "NotEnoughSlots", "WorkersDiverged", "UnsynchronizedTraining"]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

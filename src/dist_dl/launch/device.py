@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import MutableMapping
 
-__all__ = ["DevicePlan", "plan_devices", "visible_gpus",
+__all__ = ["DevicePlan", "WORKER_GPUS_VAR", "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
            "CPU_LARGE_MODEL_CYCLE_TIME_MS", "LARGE_GRADIENT_BYTES", "DEFAULT_CYCLE_TIME_VAR"]
 
@@ -33,6 +33,12 @@ LARGE_GRADIENT_BYTES = 16 * 2 ** 20
 # Set beside HOROVOD_CYCLE_TIME, to the same value, when that value is our
 # default rather than a choice: a worker that knows its model may raise it.
 DEFAULT_CYCLE_TIME_VAR = "DIST_DL_DEFAULT_CYCLE_TIME"
+
+
+# GPU ids a launcher gives one worker, all of them its own ('' for none), in
+# place of the plan's one GPU per worker: MirroredStrategyRunner's workers
+# mirror their model over several local GPUs.
+WORKER_GPUS_VAR = "DIST_DL_WORKER_GPUS"
 
 
 @dataclass(frozen=True)

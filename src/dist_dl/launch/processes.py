@@ -4,7 +4,9 @@ hosts a tf.distribute worker.
 
 Each worker runs ``python -m dist_dl.launch._worker_main PAYLOAD RESULT`` in
 its own process group, so that nothing it starts outlives the job; its stdout
-and stderr are read line by line and handed to ``feed``.
+and stderr are read line by line and handed to ``feed``. It gets the starting
+process's ``sys.path`` (``launcher_path_env``): what a Spark task or the
+driver imports (``sc.addPyFile``, ``spark.submit.pyFiles``) imports in it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import sys
 import threading
 import time
 from typing import Callable
+
+from dist_dl.launch.worker import launcher_path_env
 
 __all__ = ["WorkerProcesses"]
 
@@ -36,7 +40,7 @@ class WorkerProcesses:
         """Start one worker (rank = the order of ``start`` calls)."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "dist_dl.launch._worker_main", payload, result],
-            env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**env, **launcher_path_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(proc)
         for pipe in (proc.stdout, proc.stderr):

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
+from dist_dl.launch import weights
 from dist_dl.launch.backend import Backend, select_backend
 from dist_dl.launch.protocol import VERBOSITIES, DriverSink
 from dist_dl.launch.worker import WorkerOptions
@@ -54,25 +55,30 @@ class HorovodRunner:
     """
 
     engine = "horovod"
+    # Whether the workers report the Keras models they trained, for the
+    # driver to compare with rank 0's (dist_dl.launch.weights).
+    check_weights = False
 
     def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
                  timeout: float | None = None, threads_per_worker: int | None = None,
                  pin_cpus: bool = False, env: dict | None = None, spark=None,
                  backend: str | Backend = "auto"):
+        name = type(self).__name__
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
-                f"np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs -np "
-                f"processes on the driver; got {np!r}")
+                f"{name}: np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs "
+                f"-np processes on the driver; got {np!r}")
         if driver_log_verbosity is None:
             driver_log_verbosity = "all" if np < 0 else "log_callback_only"
         if driver_log_verbosity not in VERBOSITIES:
-            raise ValueError(
-                f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}")
+            raise ValueError(f"{name}: driver_log_verbosity must be one of {VERBOSITIES}, got "
+                             f"{driver_log_verbosity!r}")
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ValueError(f"{name}: timeout must be a positive number of seconds or None, "
+                             f"got {timeout!r}")
         if threads_per_worker is not None and (not isinstance(threads_per_worker, int)
                                                or threads_per_worker < 1):
-            raise ValueError(f"threads_per_worker must be a positive integer or None, "
+            raise ValueError(f"{name}: threads_per_worker must be a positive integer or None, "
                              f"got {threads_per_worker!r}")
         backend = _checked_backend(backend, np)
         self.num_processor = np
@@ -94,7 +100,8 @@ class HorovodRunner:
             NotEnoughSlots: ``np`` exceeds the cluster's task slots.
         """
         if not callable(main):
-            raise TypeError(f"main must be a function, got {type(main).__name__}")
+            raise TypeError(f"{self._label()}.run: main must be a function, got "
+                            f"{type(main).__name__}")
         # A notebook's `from tensorflow import keras`, captured by main, is a
         # module object TensorFlow loads lazily: shipped by its name.
         pickle_tensorflow_lazy_modules_by_name()
@@ -102,15 +109,29 @@ class HorovodRunner:
             cloudpickle.dumps((main, kwargs))
         except Exception as exc:
             raise TypeError(
-                f"main and its keyword arguments must be picklable to reach the workers "
+                f"{self._label()}.run: main and its keyword arguments must be picklable to reach "
+                f"the workers "
                 f"({exc}); create unpicklable objects (sessions, locks, open files) inside main"
             ) from exc
         backend = self._backend or select_backend(self.num_processor, self._spark, self.engine)
         options = WorkerOptions(job_id=uuid.uuid4().hex[:12], timeout=self.timeout,
                                 threads_per_worker=self.threads_per_worker,
-                                pin_cpus=self.pin_cpus, env=self.env, engine=self.engine)
+                                pin_cpus=self.pin_cpus, env=self.env, engine=self.engine,
+                                runner=self._label(), check_weights=self.check_weights)
         sink = DriverSink(self.driver_log_verbosity)
-        return backend.run(main, kwargs, abs(self.num_processor), options, sink)
+        result = backend.run(main, kwargs, abs(self.num_processor), options, sink)
+        if self.check_weights:
+            weights.check(sink.records, abs(self.num_processor), self._label(), self._sync_fix)
+        return result
+
+    def _label(self) -> str:
+        """This runner as its user wrote it, for messages."""
+        return f"{type(self).__name__}(np={self.num_processor})"
+
+    # What to change when the workers did not train one model (weights.check).
+    _sync_fix = ("Create the strategy first in the function (strategy = "
+                 "dist_dl.launch.multi_worker_strategy()) and build and compile the model under "
+                 "`with strategy.scope():`.")
 
 
 def _checked_backend(backend, np: int):
@@ -149,6 +170,22 @@ class TFDistributeRunner(HorovodRunner):
     fits its model under ``strategy.scope()``. ``np > 0`` runs a Spark
     barrier stage of ``np`` tasks; ``np < 0`` runs ``-np`` processes on the
     driver, on 127.0.0.1.
+
+    When the function returns, every worker reports the Keras models it
+    trained and the driver compares them with rank 0's
+    (``dist_dl.launch.weights``): weights that differ (a model built outside
+    the strategy's scope: every worker trained its own) fail the job with
+    ``WorkersDiverged``; a model every worker trained alone, ending alike,
+    warns. ``check_weights=False`` turns this off.
     """
 
     engine = "tensorflow"
+
+    def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
+                 timeout: float | None = None, threads_per_worker: int | None = None,
+                 pin_cpus: bool = False, env: dict | None = None, spark=None,
+                 backend: str | Backend = "auto", check_weights: bool = True):
+        super().__init__(np=np, driver_log_verbosity=driver_log_verbosity, timeout=timeout,
+                         threads_per_worker=threads_per_worker, pin_cpus=pin_cpus, env=env,
+                         spark=spark, backend=backend)
+        self.check_weights = bool(check_weights)

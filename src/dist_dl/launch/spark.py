@@ -75,33 +75,35 @@ def cluster_nics(spark) -> set[str] | None:
 
 
 def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner",
-                every: float | None = None) -> int:
+                every: float | None = None, label: str | None = None) -> int:
     """Wait up to ``wait`` seconds for ``num_proc`` task slots; return the count.
 
     Horovod on Spark needs all its tasks running at once; with fewer slots its
     tasks would wait for each other until ``start_timeout`` (10 minutes by
     default). This fails within seconds instead. With ``every``, a line of
-    progress is printed that often while it waits.
+    progress is printed that often while it waits. ``label`` names the runner
+    in the messages as its user wrote it (default ``runner(np=num_proc)``).
     """
+    label = label or f"{runner}(np={num_proc})"
     start = time.monotonic()
     reported = None
     while True:
         slots = task_slots(spark)
         if slots >= num_proc:
             if reported is not None:
-                print(f"{runner}(np={num_proc}): {slots} task slots after "
+                print(f"{label}: {slots} task slots after "
                       f"{time.monotonic() - start:.0f} s, starting", flush=True)
             return slots
         waited = time.monotonic() - start
         master = spark.sparkContext.master
         if waited >= wait:
             raise NotEnoughSlots(
-                f"{runner}(np={num_proc}) needs {num_proc} Spark tasks running at the same "
+                f"{label} needs {num_proc} Spark tasks running at the same "
                 f"time, but the cluster ({master}) has {slots} task slot(s) now "
                 f"(executor cores / spark.task.cpus; waited {waited:.0f} s). Use np <= {slots}, "
                 f"add workers or cores, or run on the driver machine with np=-{num_proc}.")
         if every is not None and (reported is None or time.monotonic() - reported >= every):
-            print(f"{runner}(np={num_proc}): waiting for {num_proc} task slots, the cluster "
+            print(f"{label}: waiting for {num_proc} task slots, the cluster "
                   f"({master}) has {slots} (waited {waited:.0f} s of {wait:g})", flush=True)
             reported = time.monotonic()
         time.sleep(0.5)

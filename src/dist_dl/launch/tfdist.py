@@ -27,7 +27,10 @@ TensorFlow runtime per job: a reused PySpark worker process could not host a
 second strategy) and sends the child's output to a small TCP server on the
 driver (at ``spark.driver.host``, authenticated by a random token per job)
 that feeds the :class:`~dist_dl.launch.protocol.DriverSink`, so output arrives
-rank-prefixed and live, as with the other backends.
+rank-prefixed and live, as with the other backends. The child gets the task's
+``sys.path`` (modules shipped with ``sc.addPyFile`` import in it) and its
+``BarrierTaskContext`` (``BarrierTaskContext.get()``, ``barrier()`` and
+``allGather()`` work in the worker function as in the task itself).
 """
 from __future__ import annotations
 
@@ -54,11 +57,12 @@ from dist_dl.core.session import get_spark, job_group
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled
 from dist_dl.launch import protocol
+from dist_dl.launch.device import WORKER_GPUS_VAR
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.local import LocalBackend, run_processes
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions
+from dist_dl.launch.worker import TASK_CONTEXT_VAR, WorkerOptions
 
 __all__ = ["ENGINE", "TFLocalBackend", "TFSparkBackend", "multi_worker_strategy", "tf_config",
            "pick_ports"]
@@ -154,16 +158,39 @@ def multi_worker_strategy(**kwargs):
     return tf.distribute.MultiWorkerMirroredStrategy(**kwargs)
 
 
+def _label(options: WorkerOptions, num_proc: int) -> str:
+    """The runner as its user wrote it, for messages."""
+    return options.runner or f"{RUNNER}(np={num_proc})"
+
+
+def _with_gpus(env: dict, gpus: list[str]) -> dict:
+    # From the start (TensorFlow may be imported while the payload is
+    # unpickled), and kept by the worker's device plan.
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus), WORKER_GPUS_VAR: ",".join(gpus)}
+
+
 class TFLocalBackend(LocalBackend):
-    """Worker processes on the driver machine, on 127.0.0.1 (arguments as
-    :class:`~dist_dl.launch.local.LocalBackend`'s)."""
+    """Worker processes on the driver machine, on 127.0.0.1.
+
+    Args:
+        grace: As :class:`~dist_dl.launch.local.LocalBackend`'s.
+        worker_gpus: The GPU ids each worker gets, all of them its own (an
+            empty list: none, CPU training); None: the device plan's one GPU
+            per worker where the host has GPUs.
+    """
 
     name = "tf-local"
+
+    def __init__(self, grace: float = 15.0, worker_gpus: list[list[str]] | None = None):
+        super().__init__(grace)
+        self.worker_gpus = worker_gpus
 
     def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
             sink: DriverSink) -> Any:
         workers = [f"127.0.0.1:{port}" for port in pick_ports(num_proc)]
         envs = [worker_env(dict(os.environ), workers, i) for i in range(num_proc)]
+        if self.worker_gpus is not None:
+            envs = [_with_gpus(env, gpus) for env, gpus in zip(envs, self.worker_gpus)]
         return run_processes(fn, kwargs, envs, dataclasses.replace(options, engine=ENGINE), sink,
                              self.grace)
 
@@ -260,14 +287,21 @@ class TFSparkBackend:
         slot_wait: Seconds to wait for enough task slots before failing.
         grace: Seconds past the job's timeout before a task kills its worker,
             and again before the driver cancels the Spark job.
+        worker_gpus: How many of its task's GPUs (Spark resource
+            ``gpu_resource``) each rank's worker gets, all of them its own
+            (0: none, CPU training); None: the task's first GPU, if any.
+        gpu_resource: The name of the GPU resource in Spark's configuration.
     """
 
     name = "tf-spark"
 
-    def __init__(self, spark=None, slot_wait: float = 10.0, grace: float = 15.0):
+    def __init__(self, spark=None, slot_wait: float = 10.0, grace: float = 15.0,
+                 worker_gpus: list[int] | None = None, gpu_resource: str = "gpu"):
         self.spark = spark
         self.slot_wait = slot_wait
         self.grace = grace
+        self.worker_gpus = worker_gpus
+        self.gpu_resource = gpu_resource
 
     def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
             sink: DriverSink) -> Any:
@@ -275,13 +309,15 @@ class TFSparkBackend:
 
         spark = self.spark or get_spark()
         sc = spark.sparkContext
-        check_slots(spark, num_proc, self.slot_wait, runner=RUNNER)
+        label = _label(options, num_proc)
+        check_slots(spark, num_proc, self.slot_wait, label=label)
         group = f"dist_dl-tf-{options.job_id}"
         host = conf_value(sc, "spark.driver.host") or socket.gethostname()
         server = _OutputServer(host, sink, on_failure=lambda: sc.cancelJobGroup(group))
         payload = cloudpickle.dumps((dataclasses.replace(options, engine=ENGINE), fn, kwargs))
         task = functools.partial(_barrier_task, payload, server.address, server.token,
-                                 options.timeout, self.grace)
+                                 options.timeout, self.grace, label,
+                                 (self.gpu_resource, self.worker_gpus))
         expired = threading.Event()
         backstop = None
         if options.timeout:
@@ -294,7 +330,7 @@ class TFSparkBackend:
             backstop.daemon = True
             backstop.start()
         try:
-            with job_group(sc, group, f"{RUNNER}(np={num_proc})"):
+            with job_group(sc, group, label):
                 results = sc.parallelize(range(num_proc), num_proc).barrier() \
                     .mapPartitions(task).collect()
         except SparkStalled:
@@ -305,7 +341,7 @@ class TFSparkBackend:
             text = str(exc)
             if "SPARK-24819" in text or "requires more slots than" in text:
                 raise NotEnoughSlots(
-                    f"{RUNNER}(np={num_proc}) needs {num_proc} Spark tasks running at the same "
+                    f"{label} needs {num_proc} Spark tasks running at the same "
                     f"time, and Spark's barrier mode found fewer task slots (executors were "
                     f"lost after the check?). Use a smaller np, or add workers or cores."
                 ) from exc
@@ -371,8 +407,46 @@ def _cluster(ctx, rank: int) -> list[str]:
     raise RuntimeError("the tasks could not agree on distinct ports in 10 rounds")
 
 
+def _task_gpus(ctx, rank: int, resource: str, counts: list[int]) -> list[str]:
+    """The GPU ids, as CUDA_VISIBLE_DEVICES names them here, that rank
+    ``rank``'s worker gets: the first ``counts[rank]`` of its task's."""
+    wanted = counts[rank]
+    if wanted == 0:
+        return []
+    found = ctx.resources().get(resource)
+    if found is None:
+        raise RuntimeError(
+            f"this Spark task has no {resource!r} resource: set spark.task.resource.{resource}."
+            f"amount (and the executors' spark.executor.resource.{resource}.amount and discovery "
+            f"script) for GPU training, or train on CPU (use_gpu=False)")
+    addresses = list(found.addresses)
+    if not all(a.isdigit() and (a == "0" or not a.startswith("0")) for a in addresses):
+        raise RuntimeError(f"the task's GPU addresses {addresses} are not CUDA device ordinals "
+                           f"(integers without leading zeros); fix the {resource!r} discovery script")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        # The executor sees only these devices: Spark's addresses index them.
+        names = visible.split(",")
+        addresses = [names[int(a)] for a in addresses]
+    if len(addresses) < wanted:
+        raise RuntimeError(f"rank {rank} needs {wanted} GPU(s) and its task has "
+                           f"{len(addresses)} ({','.join(addresses)})")
+    return addresses[:wanted]
+
+
+def _save_task_context(ctx, path: str) -> None:
+    """Write what a child process needs to act as this barrier task in
+    ``BarrierTaskContext.get()`` (its fields, and the local port and secret
+    of the task's barrier server in the executor)."""
+    from pyspark import BarrierTaskContext
+
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        cloudpickle.dump((dict(vars(ctx)), BarrierTaskContext._port, BarrierTaskContext._secret), f)
+
+
 def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: float | None,
-                  grace: float, _partition) -> Any:
+                  grace: float, label: str, gpu_plan: tuple[str, list[int] | None],
+                  _partition) -> Any:
     """One Spark barrier task: runs worker ``rank`` of the job as a child
     process and yields (rank, pickled result for rank 0 else None)."""
     from pyspark import BarrierTaskContext
@@ -384,19 +458,25 @@ def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: 
     try:
         if not channel.go:
             raise RuntimeError(f"Spark started rank {rank} of this job again (a retried barrier "
-                               f"stage); {RUNNER} does not retry a failed job")
+                               f"stage); {label} does not retry a failed job")
         workers = _cluster(ctx, rank)
         workdir = tempfile.mkdtemp(prefix="dist_dl-tf-")
         try:
             payload_path = os.path.join(workdir, "payload.pkl")
             result_path = os.path.join(workdir, "result.pkl")
+            context_path = os.path.join(workdir, "context.pkl")
             with open(payload_path, "wb") as f:
                 f.write(payload)
+            _save_task_context(ctx, context_path)
             processes = WorkerProcesses(channel.send)
             try:
                 env = worker_env(dict(os.environ), workers, rank)
-                gpus = ctx.resources().get("gpu")
-                if gpus is not None and gpus.addresses:
+                env[TASK_CONTEXT_VAR] = context_path
+                resource, counts = gpu_plan
+                gpus = ctx.resources().get(resource)
+                if counts is not None:
+                    env = _with_gpus(env, _task_gpus(ctx, rank, resource, counts))
+                elif gpus is not None and gpus.addresses:
                     # This task's own GPUs (Spark's GPU scheduling), not the host's.
                     env[TASK_GPUS_VAR] = ",".join(gpus.addresses)
                 proc = processes.start(payload_path, result_path, env)

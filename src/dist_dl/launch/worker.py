@@ -46,6 +46,10 @@ class WorkerOptions:
         env: Extra environment variables for the worker.
         engine: ``"horovod"`` or ``"tensorflow"`` (tf.distribute): which
             engine's settings the worker gets.
+        runner: The runner as its user wrote it (``TFDistributeRunner(np=2)``),
+            for the driver's messages; '' names the engine's runner.
+        check_weights: Report the Keras models the function trained when it
+            returns (``dist_dl.launch.weights``), for the driver to compare.
     """
 
     job_id: str
@@ -55,6 +59,8 @@ class WorkerOptions:
     capture_output: bool = True
     env: dict = field(default_factory=dict)
     engine: str = "horovod"
+    runner: str = ""
+    check_weights: bool = False
 
 
 _capture: "_OutputCapture | None" = None
@@ -148,6 +154,12 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     os.environ.update(options.env)
     task_gpus = [g for g in os.environ.get(placement.TASK_GPUS_VAR, "").split(",") if g]
     gpus = task_gpus or device.visible_gpus()
+    worker_gpus = os.environ.pop(device.WORKER_GPUS_VAR, None)
+    if worker_gpus is not None:
+        # The launcher chose this worker's GPUs, all of them its own ('' for
+        # none: CPU training); the plan leaves the devices alone.
+        os.environ["CUDA_VISIBLE_DEVICES"] = worker_gpus
+        gpus = task_gpus = []
     if options.engine == "horovod":
         for name in device.horovod_env_fixes(os.environ):
             del os.environ[name]
@@ -188,7 +200,10 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
                 "start", rank, pid=os.getpid(), host=socket.gethostname(), time=time.time()))
         deadline = _Deadline(options.timeout, rank, preexisting)
         try:
-            return fn(**kwargs)
+            result = fn(**kwargs)
+            if options.check_weights and _capture is not None:
+                _report_weights(rank)
+            return result
         finally:
             deadline.cancel()
     except BaseException as exc:
@@ -209,6 +224,21 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
         if _capture is not None:
             _capture.close()
             _capture = None
+
+
+def _report_weights(rank: int) -> None:
+    """Send the driver the Keras models this worker trained (see
+    ``dist_dl.launch.weights``); a report that fails is left out, and the
+    driver then compares nothing."""
+    from dist_dl.launch import weights
+
+    try:
+        models = weights.report()
+    except Exception as exc:
+        print(f"dist_dl: the weights of this worker's models could not be read for the "
+              f"check against rank 0's ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return
+    _capture.control(protocol.encode_control(weights.RECORD, rank, models=models))
 
 
 def _child_pids() -> frozenset:
@@ -355,6 +385,7 @@ def main(argv: list[str]) -> int:
 
     payload_path, result_path = argv
     _watch_parent()
+    _take_launcher_imports()
     with open(payload_path, "rb") as f:
         options, fn, kwargs = cloudpickle.load(f)
     try:
@@ -367,6 +398,55 @@ def main(argv: list[str]) -> int:
             cloudpickle.dump(result, f)
         os.replace(tmp, result_path)
     return 0
+
+
+# Set by the process that starts a worker: JSON list of that process's
+# sys.path, so that what it imports (modules PySpark put there from
+# sc.addPyFile or spark.submit.pyFiles, a notebook's folder) imports here.
+SYS_PATH_VAR = "DIST_DL_SYS_PATH"
+# Set by a Spark barrier task that starts a worker: a file holding the task's
+# BarrierTaskContext (see dist_dl.launch.tfdist).
+TASK_CONTEXT_VAR = "DIST_DL_TASK_CONTEXT"
+
+
+def launcher_path_env() -> dict[str, str]:
+    """The variable that gives a worker this process's ``sys.path``."""
+    import json
+
+    return {SYS_PATH_VAR: json.dumps([p for p in sys.path if p])}
+
+
+def _take_launcher_imports() -> None:
+    """Before the payload is unpickled: the starting process's ``sys.path``
+    entries this process lacks, in that process's order ahead of this one's
+    own (PySpark puts shipped files first too), and its barrier task context."""
+    import json
+
+    try:
+        theirs = json.loads(os.environ.pop(SYS_PATH_VAR, "[]"))
+    except ValueError:
+        theirs = []
+    if theirs:
+        ours = [p for p in sys.path[1:] if p not in theirs]
+        sys.path[1:] = [p for p in theirs if p != sys.path[0]] + ours
+    context_file = os.environ.pop(TASK_CONTEXT_VAR, None)
+    if context_file:
+        restore_task_context(context_file)
+
+
+def restore_task_context(path: str) -> None:
+    """In a worker started by a barrier task: make ``BarrierTaskContext.get()``
+    (and ``TaskContext.get()``) return that task's context, whose
+    ``barrier()`` and ``allGather()`` go to the task's barrier server."""
+    import cloudpickle
+    from pyspark import BarrierTaskContext, TaskContext
+
+    with open(path, "rb") as f:
+        fields, port, secret = cloudpickle.load(f)
+    ctx = BarrierTaskContext._getOrCreate()
+    vars(ctx).update(fields)
+    BarrierTaskContext._initialize(port, secret)
+    TaskContext._taskContext = ctx
 
 
 def _watch_parent(every: float = 0.5) -> None:
