@@ -117,6 +117,7 @@ BUSY_CHILD = """
 import threading, time
 idle = threading.Thread(target=time.sleep, args=(30,), daemon=True)
 idle.start()
+print(time.perf_counter(), flush=True)   # the moment it starts spinning (CLOCK_MONOTONIC)
 end = time.perf_counter() + {seconds}
 while time.perf_counter() < end:
     pass
@@ -126,17 +127,23 @@ while time.perf_counter() < end:
 @pytest.mark.timeout(60)
 def test_cpu_sampler_finds_the_busy_thread_of_a_child():
     with CpuSampler(interval=0.2) as sampler:
-        start = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=3)])
+        child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=3)],
+                                 stdout=subprocess.PIPE, text=True)
+        # The window starts when the child does spin (a loaded machine starts
+        # a Python process slowly).
+        start = float(child.stdout.readline())
         child.wait(timeout=30)
-    window = sampler.window(start + 0.5, start + 2.5)
+    window = sampler.window(start + 0.3, start + 2.3)
     assert window is not None and child.pid in window
     threads = sorted(window[child.pid]["threads"].values(), key=lambda us: -sum(us))
     assert len(threads) == 2  # the spinning main thread and the sleeping one
-    # Spinning: below 1.0 of a core, and below 0.3 while other work loads both
-    # cores; what is checked is that the sampler tells it from the sleeping one.
-    assert sum(threads[0]) > 0.1 and sum(threads[0]) > 10 * sum(threads[1]), threads
-    assert sum(threads[1]) < 0.05  # sleeping
+    # What the spinning thread gets depends on the machine's load (1.0 of a
+    # core when idle, 0.04 seen with three test processes and a build beside
+    # it); what is checked is that the sampler gives the child's CPU to that
+    # thread and none to the sleeping one.
+    busy, asleep = sum(threads[0]), sum(threads[1])
+    assert busy > 0 and busy >= 0.9 * (busy + asleep), threads
+    assert asleep < 0.05  # sleeping
     split = thread_split(window, processes=1)
     assert split["main"] == pytest.approx(sum(threads[0]))
     assert split["other_user"] + split["other_sys"] < 0.05
