@@ -84,7 +84,9 @@ PYTEST_ARGS ?=
 # so three keep two cores busy. Tests of one cluster share a process
 # (xdist_group, tests/conftest.py). JOBS=1 runs them one at a time.
 JOBS ?= 3
-XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
+# A test process that dies fails the run at once (--max-worker-restart 0): with
+# grouped scheduling, a replaced process can leave the run waiting for ever.
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-restart 0)
 
 .PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
         test-repeat reliability-report bench wheel bundle docs clean hosts-tools
