@@ -24,8 +24,9 @@ the stages ``prepare``, ``read``, ``launch``, ``tracking``, ``score``, ``train``
 ``ensemble``, ``search``, and ``app`` (configuration, pipeline, command line,
 benchmark driver, Databricks integration).
 """
-import importlib
 from typing import TYPE_CHECKING
+
+from dist_dl.core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -62,14 +63,4 @@ __all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "log
            "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dist_dl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
