@@ -212,6 +212,10 @@ def test_a_task_function_prepares_its_python_worker_and_the_driver_is_left_alone
 
         for _ in batches:
             pass
+        # A reused worker whose objects were frozen a minute ago or more gets
+        # its periodic full collection from this call (everything unfrozen);
+        # the call of the worker's next task freezes again.
+        prepare_python_worker()
         prepare_python_worker()
         yield pd.DataFrame([{"frozen": gc.get_freeze_count(),
                              "zip": bool(getattr(zipimport.zipimporter.invalidate_caches,

@@ -240,9 +240,9 @@ def test_a_stopped_worker_ends_in_a_timeout_and_leaves_no_process(request, scena
 @pytest.mark.parametrize("where", WHERE)
 def test_a_slow_worker_under_the_timeout_is_no_alarm(request, scenario, where):
     s = scenario(f"F4b {where}", "slow worker",
-                 "HorovodRunner(np=2, timeout=30): rank 1 sleeps 15 s before an allreduce",
+                 "HorovodRunner(np=2, timeout=90): rank 1 sleeps 15 s before an allreduce",
                  "no error; the allreduce's result is right; no process left after")
-    out = run_program(request, where, _faulty_job("slow", 30.0, slow=15.0))
+    out = run_program(request, where, _faulty_job("slow", 90.0, slow=15.0))
     assert out["error"] is None, out["error"]
     assert out["result"] == 3.0
     assert out["gone"] is not None, f"left behind: {out['left']}"
