@@ -22,10 +22,13 @@ TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
 # create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
 # HorovodRunner starts its workers with, sets OMPI_COMM_WORLD_*. Horovod reads
-# the ranks in the same order (horovod/runner/common/util/env.py).
+# the ranks in the same order (horovod/runner/common/util/env.py). torchrun,
+# and the torch engine (dist_dl.launch.torchdist), set RANK, LOCAL_RANK and
+# LOCAL_WORLD_SIZE.
 _PLACE_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
                     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                     "OMPI_COMM_WORLD_LOCAL_SIZE"))
+                     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                    ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class Place:
 
 def launcher_place(environ) -> Place | None:
     """This worker's place as its launcher set it in ``environ`` (Horovod's
-    variables, else Open MPI's, else tf.distribute's ``TF_CONFIG``), or None
+    variables, else Open MPI's, else torchrun's, else tf.distribute's
+    ``TF_CONFIG``), or None
     if none of them set it."""
     for rank, local_rank, local_size in _PLACE_VARIABLES:
         if rank in environ and local_rank in environ:

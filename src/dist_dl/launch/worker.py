@@ -44,8 +44,8 @@ class WorkerOptions:
         capture_output: Route output to the driver through the protocol. Off
             when another launcher (Databricks' HorovodRunner) carries the logs.
         env: Extra environment variables for the worker.
-        engine: ``"horovod"`` or ``"tensorflow"`` (tf.distribute): which
-            engine's settings the worker gets.
+        engine: ``"horovod"``, ``"tensorflow"`` (tf.distribute) or
+            ``"torch"``: which engine's settings the worker gets.
         runner: The runner as its user wrote it (``TFDistributeRunner(np=2)``),
             for the driver's messages; '' names the engine's runner.
         check_weights: Report the Keras models the function trained when it
@@ -405,7 +405,7 @@ def main(argv: list[str]) -> int:
 # sc.addPyFile or spark.submit.pyFiles, a notebook's folder) imports here.
 SYS_PATH_VAR = "DIST_DL_SYS_PATH"
 # Set by a Spark barrier task that starts a worker: a file holding the task's
-# BarrierTaskContext (see dist_dl.launch.tfdist).
+# BarrierTaskContext (see dist_dl.launch.barrier).
 TASK_CONTEXT_VAR = "DIST_DL_TASK_CONTEXT"
 
 
