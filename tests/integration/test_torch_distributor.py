@@ -234,12 +234,22 @@ import os
 import sys
 
 
+def _hidden(name):
+    name = name.lower().replace("_", "-")
+    return name.startswith("tensorflow") or name in ("keras", "tf-keras")
+
+
 class _NoTensorFlow:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
+        if _hidden(name.split(".")[0]):
             return None
         return importlib.machinery.PathFinder.find_spec(name, path, target)
+
+    @classmethod
+    def find_distributions(cls, *args, **kwargs):
+        return (d for d in importlib.machinery.PathFinder.find_distributions(*args, **kwargs)
+                if not _hidden(d.metadata["Name"] or ""))
 
     @classmethod
     def invalidate_caches(cls):
