@@ -57,7 +57,7 @@ def allreduce_and_place(scale, offset=0):
     dist.init_process_group("gloo")
     total = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(total)
-    place = {name: os.environ[name] for name in TORCHRUN_VARIABLES}
+    place = {name: os.environ[name] for name in (*TORCHRUN_VARIABLES, "OMP_NUM_THREADS")}
     places = [None] * dist.get_world_size()
     dist.all_gather_object(places, place)
     print(f"rank {dist.get_rank()} of {dist.get_world_size()}")
@@ -95,6 +95,9 @@ def test_spark_tasks_run_a_gloo_job_and_return_rank_0s_value(spark, capsys):
     ).collect()[0].rsplit(":", 1)[0]
     _check_places(places, master, local_world_size=1)
     assert [p["LOCAL_RANK"] for p in places] == ["0", "0"]
+    # The two tasks share this host's cores, as two processes on the driver do.
+    cores = len(os.sched_getaffinity(0))
+    assert {p["OMP_NUM_THREADS"] for p in places} == {str(max(1, cores // 2))}
     assert "[1]<stdout>:rank 1 of 2" in capsys.readouterr().out
     assert _workers_left() == []
 

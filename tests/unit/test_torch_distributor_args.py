@@ -6,7 +6,7 @@ import pytest
 
 import dist_dl
 from dist_dl import TorchDistributor
-from dist_dl.core.placement import Place, launcher_place
+from dist_dl.core.placement import Place, host_share, launcher_place
 from dist_dl.launch.torchdist import torch_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,6 +78,13 @@ def test_torchrun_variables_of_each_place():
     # Another launcher's place would override torchrun's; the rest is kept.
     assert "HOROVOD_RANK" not in second and second["PATH"] == "/bin"
     assert launcher_place(third) == Place(2, 0, 1)
+    # Cores are shared by every worker of the host, whatever its task.
+    assert (second["DIST_DL_HOST_SHARE"], third["DIST_DL_HOST_SHARE"]) == ("1/2", "0/1")
+    same_host = ["10.0.0.1:29400", "10.0.0.1:29401"]
+    assert [torch_env({}, same_host, p, 0, [1, 1])["DIST_DL_HOST_SHARE"] for p in (0, 1)] == [
+        "0/2", "1/2"]
+    assert host_share(third, launcher_place(third)) == (0, 1)
+    assert host_share({}, Place(3, 1, 4)) == (1, 4)
 
 
 def test_gloo_and_nccl_use_the_interface_of_the_places_address_unless_set():

@@ -12,11 +12,16 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
-           "process_rank", "TASK_GPUS_VAR"]
+           "process_rank", "host_share", "TASK_GPUS_VAR", "HOST_SHARE_VAR"]
 
 # GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
 # (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
 TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
+# A worker's index and count among all of its job's workers on its host,
+# "index/count", where its launcher's local rank and size count fewer (the
+# torch engine: LOCAL_RANK and LOCAL_WORLD_SIZE count the workers of one Spark
+# task, as torchrun's count those of one node, and tasks may share a host).
+HOST_SHARE_VAR = "DIST_DL_HOST_SHARE"
 
 # Where a launcher puts a worker's place in the job before hvd.init():
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
@@ -50,6 +55,18 @@ def launcher_place(environ) -> Place | None:
             local = int(environ[local_rank])
             return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
     return tf_config_place(environ.get("TF_CONFIG"))
+
+
+def host_share(environ, place: Place) -> tuple[int, int]:
+    """(index, count) of this worker among its job's workers on its host, for
+    sharing the host's cores: ``HOST_SHARE_VAR`` where the launcher set it,
+    else ``place``'s local rank and size."""
+    value = environ.get(HOST_SHARE_VAR, "")
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        return place.local_rank, place.local_size
+    return index, count
 
 
 def tf_config_place(tf_config: str | None) -> Place | None:

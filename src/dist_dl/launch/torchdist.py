@@ -14,10 +14,11 @@ them: left to themselves they take the interface the host's name resolves
 to, which on many hosts is loopback. A job whose places span hosts and name
 a loopback address fails before any worker starts.
 
-A worker that sees GPUs uses the one of its local rank
-(``torch.cuda.set_device(LOCAL_RANK)``) before the user's code runs: each
-process of a place sees all of that place's GPUs, as under torchrun.
-No TensorFlow import anywhere on this path.
+The workers on one host share its cores (``threads_per_worker``'s default),
+whichever Spark task each belongs to. A worker that sees GPUs uses the one
+of its local rank (``torch.cuda.set_device(LOCAL_RANK)``) before the user's
+code runs: each process of a place sees all of that place's GPUs, as under
+torchrun. No TensorFlow import anywhere on this path.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import runpy
 import sys
 from typing import Any, Callable
 
+from dist_dl.core.placement import HOST_SHARE_VAR
 from dist_dl.launch.barrier import (BarrierLocalBackend, BarrierSparkBackend, Engine,
                                     without_foreign_place)
 from dist_dl.launch.network import interface_holding, is_loopback, resolve
@@ -58,6 +60,10 @@ def torch_env(base: dict, places: list[str], place: int, local: int,
     })
     hosts = [p.rsplit(":", 1)[0] for p in places]
     addresses = [resolve(h) or h for h in hosts]
+    # The host's cores are shared among every worker on it, of all its tasks.
+    here = [i for i, a in enumerate(addresses) if a == addresses[place]]
+    index = sum(layout[i] for i in here if i < place) + local
+    env[HOST_SHARE_VAR] = f"{index}/{sum(layout[i] for i in here)}"
     if len(set(addresses)) > 1:
         looped = [h for h, a in zip(hosts, addresses) if _loopback(a)]
         if looped:

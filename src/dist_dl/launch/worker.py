@@ -168,8 +168,8 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
         # (the training worker raises it for large models, see device.py).
         device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env,
                                   gpus=gpus)
-    place = _place()
-    plan = device.plan_devices(place.local_rank, place.local_size, gpus=gpus,
+    local_rank, local_size = placement.host_share(os.environ, _place())
+    plan = device.plan_devices(local_rank, local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
                                threads=options.threads_per_worker, pin_cpus=options.pin_cpus,
                                own_gpus=bool(task_gpus))
