@@ -102,6 +102,24 @@ def test_spark_tasks_run_a_gloo_job_and_return_rank_0s_value(spark, capsys):
     assert _workers_left() == []
 
 
+@pytest.mark.timeout(180)
+def test_a_spark_task_may_run_several_processes(spark):
+    """What a task with several GPUs runs (spark.task.resource.gpu.amount > 1):
+    one process per GPU, here on CPU: task 0 runs ranks 0 and 1, task 1 rank 2."""
+    from dist_dl import HorovodRunner
+    from dist_dl.launch.torchdist import spark_backend
+
+    runner = HorovodRunner(np=2, backend=spark_backend(spark, layout=[2, 1], gpus=[0, 0]))
+    value, places = runner.run(allreduce_and_place, scale=1)
+    assert value == 1 + 2 + 3
+    assert [(p["RANK"], p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"], p["WORLD_SIZE"]) for p in places] \
+        == [("0", "0", "2", "3"), ("1", "1", "2", "3"), ("2", "0", "1", "3")]
+    # The second process of task 0 fails: the error names its rank, not its task's.
+    with pytest.raises(WorkerError, match=r"^worker rank 1 on host \S+ failed: ValueError: rank one"):
+        runner.run(fail_on_rank_1)
+    assert _workers_left() == []
+
+
 def ddp_weights(processes: int, steps: int = 3, batch: int = 8):
     """A small model trained with DistributedDataParallel on ``batch //
     processes`` rows per process and step; its weights at the end."""
