@@ -59,8 +59,9 @@ VENV        := .venv-$(PROFILE)
 CONSTRAINTS := constraints/$(PROFILE).txt
 # Runtimes 16.4 and 17.3 have neither Horovod nor Petastorm: nothing is built
 # from source, and the library picks tf.distribute and the pyarrow reader by itself.
+# They ship PyTorch: the `torch` extra (TorchDistributor), a CPU build here.
 HOROVOD     :=
-EXTRAS      := delta,samples,dev
+EXTRAS      := delta,samples,torch,dev
 BUILD_FIRST := tensorflow-cpu keras pyspark
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras

@@ -49,6 +49,10 @@ setup(
         # no Petastorm, and 0.13.1 does not import with their pyarrow 16+; the
         # arrow reader (dist_dl.read.arrow) needs only pyarrow.
         "petastorm": ["petastorm>=0.12.1"],
+        # PyTorch, for TorchDistributor (dist_dl.launch.torch_distributor):
+        # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
+        # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
+        "torch": ["torch>=2.0"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],

@@ -8,6 +8,8 @@ Public API (everything else is internal):
   MultiWorkerMirroredStrategy, where Horovod is not installed.
 - ``MirroredStrategyRunner``: spark-tensorflow-distributor's runner of that
   name, on the same launcher (a drop-in: only the import changes).
+- ``TorchDistributor``: pyspark's TorchDistributor (torch.distributed over
+  Gloo or NCCL), on the same launcher (a drop-in too).
 - ``WorkerError``, ``JobTimeout``, ``NotEnoughSlots``, ``WorkersDiverged``:
   what a failed launch raises.
 - ``train_distributed``: train an image classifier from a DataFrame or shards
@@ -35,6 +37,7 @@ _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.runner",
     "TFDistributeRunner": "dist_dl.launch.runner",
     "MirroredStrategyRunner": "dist_dl.launch.mirrored",
+    "TorchDistributor": "dist_dl.launch.torch_distributor",
     "log_to_driver": "dist_dl.launch.worker",
     "WorkerError": "dist_dl.launch.errors",
     "JobTimeout": "dist_dl.launch.errors",
@@ -51,6 +54,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
     from dist_dl.launch.mirrored import MirroredStrategyRunner  # noqa: F401
+    from dist_dl.launch.torch_distributor import TorchDistributor  # noqa: F401
     from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
     from dist_dl.launch.weights import WorkersDiverged  # noqa: F401
     from dist_dl.launch.worker import log_to_driver  # noqa: F401
@@ -58,8 +62,8 @@ if TYPE_CHECKING:
     from dist_dl.train.config import TrainConfig  # noqa: F401
     from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401
 
-__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "log_to_driver",
-           "WorkerError", "JobTimeout", "NotEnoughSlots", "WorkersDiverged",
+__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "TorchDistributor",
+           "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots", "WorkersDiverged",
            "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
 
 

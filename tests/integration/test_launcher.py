@@ -311,7 +311,7 @@ def test_tf_output_server_needs_the_job_token():
     import socket
 
     from dist_dl.launch.protocol import DriverSink, encode_control
-    from dist_dl.launch.tfdist import _DriverChannel, _OutputServer
+    from dist_dl.launch.barrier import _DriverChannel, _OutputServer
 
     failures = []
     sink = DriverSink("all")

@@ -9,7 +9,7 @@ import pytest
 
 from dist_dl import HorovodRunner, MirroredStrategyRunner, TFDistributeRunner, WorkersDiverged
 from dist_dl.launch import UnsynchronizedTraining
-from dist_dl.launch.mirrored import _split
+from dist_dl.launch.sparkchecks import split as _split
 from dist_dl.launch.tfdist import TFLocalBackend
 from dist_dl.launch.weights import check
 

@@ -40,7 +40,9 @@ FORBIDDEN = {old: new for new, olds in SYNONYMS.items() for old in olds}
 # HorovodRunner(np=...) is sparkdl's constructor, and TFDistributeRunner keeps
 # it so that swapping one runner for the other changes the class name only
 # (np carries a count and a place in its sign, which num_workers does not).
-BOUNDARY = {("np", "HorovodRunner"), ("np", "TFDistributeRunner")}
+# TorchDistributor(num_processes=...) is pyspark's constructor.
+BOUNDARY = {("np", "HorovodRunner"), ("np", "TFDistributeRunner"),
+            ("num_processes", "TorchDistributor")}
 
 PUBLIC_MODULES = ["dist_dl", "dist_dl.launch", "dist_dl.train", "dist_dl.prepare", "dist_dl.read",
                   "dist_dl.ensemble", "dist_dl.search", "dist_dl.score", "dist_dl.tracking",

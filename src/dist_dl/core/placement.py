@@ -12,20 +12,28 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["Place", "launcher_place", "tf_config_place", "horovod_if_initialized",
-           "process_rank", "TASK_GPUS_VAR"]
+           "process_rank", "host_share", "TASK_GPUS_VAR", "HOST_SHARE_VAR"]
 
 # GPU ids Spark's GPU scheduling assigned to the task that hosts a worker
 # (``TaskContext.resources()["gpu"]``), set by the tf.distribute engine's tasks.
 TASK_GPUS_VAR = "DIST_DL_TASK_GPUS"
+# A worker's index and count among all of its job's workers on its host,
+# "index/count", where its launcher's local rank and size count fewer (the
+# torch engine: LOCAL_RANK and LOCAL_WORLD_SIZE count the workers of one Spark
+# task, as torchrun's count those of one node, and tasks may share a host).
+HOST_SHARE_VAR = "DIST_DL_HOST_SHARE"
 
 # Where a launcher puts a worker's place in the job before hvd.init():
 # Horovod's Gloo launchers (ours, horovod.spark.run: horovod/runner/gloo_run.py
 # create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
 # HorovodRunner starts its workers with, sets OMPI_COMM_WORLD_*. Horovod reads
-# the ranks in the same order (horovod/runner/common/util/env.py).
+# the ranks in the same order (horovod/runner/common/util/env.py). torchrun,
+# and the torch engine (dist_dl.launch.torchdist), set RANK, LOCAL_RANK and
+# LOCAL_WORLD_SIZE.
 _PLACE_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
                     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                     "OMPI_COMM_WORLD_LOCAL_SIZE"))
+                     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                    ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
 
 
 @dataclass(frozen=True)
@@ -39,13 +47,26 @@ class Place:
 
 def launcher_place(environ) -> Place | None:
     """This worker's place as its launcher set it in ``environ`` (Horovod's
-    variables, else Open MPI's, else tf.distribute's ``TF_CONFIG``), or None
+    variables, else Open MPI's, else torchrun's, else tf.distribute's
+    ``TF_CONFIG``), or None
     if none of them set it."""
     for rank, local_rank, local_size in _PLACE_VARIABLES:
         if rank in environ and local_rank in environ:
             local = int(environ[local_rank])
             return Place(int(environ[rank]), local, int(environ.get(local_size, local + 1)))
     return tf_config_place(environ.get("TF_CONFIG"))
+
+
+def host_share(environ, place: Place) -> tuple[int, int]:
+    """(index, count) of this worker among its job's workers on its host, for
+    sharing the host's cores: ``HOST_SHARE_VAR`` where the launcher set it,
+    else ``place``'s local rank and size."""
+    value = environ.get(HOST_SHARE_VAR, "")
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        return place.local_rank, place.local_size
+    return index, count
 
 
 def tf_config_place(tf_config: str | None) -> Place | None:

@@ -8,6 +8,7 @@ _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.runner",
     "TFDistributeRunner": "dist_dl.launch.runner",
     "MirroredStrategyRunner": "dist_dl.launch.mirrored",
+    "TorchDistributor": "dist_dl.launch.torch_distributor",
     "multi_worker_strategy": "dist_dl.launch.tfdist",
     "auto_engine": "dist_dl.launch.backend",
     "log_to_driver": "dist_dl.launch.worker",
@@ -27,10 +28,11 @@ if TYPE_CHECKING:
     from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
     from dist_dl.launch.tfdist import multi_worker_strategy  # noqa: F401
     from dist_dl.launch.mirrored import MirroredStrategyRunner  # noqa: F401
+    from dist_dl.launch.torch_distributor import TorchDistributor  # noqa: F401
     from dist_dl.launch.weights import UnsynchronizedTraining, WorkersDiverged  # noqa: F401
     from dist_dl.launch.worker import log_to_driver  # noqa: F401
 
-__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner",
+__all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "TorchDistributor",
            "multi_worker_strategy", "auto_engine", "log_to_driver", "WorkerError", "JobTimeout",
            "JobCancelled", "NotEnoughSlots", "WorkersDiverged", "UnsynchronizedTraining"]
 

@@ -20,20 +20,20 @@ import cloudpickle
 
 from dist_dl.core import compat
 from dist_dl.launch.errors import JobTimeout, failure_from
+from dist_dl.launch.network import interface_holding
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions
 
-__all__ = ["LocalBackend", "run_processes"]
+__all__ = ["LocalBackend", "run_processes", "loopback_interface"]
 
 
-def _loopback_interface() -> str:
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == "127.0.0.1" for a in addresses):
-            return name
-    raise RuntimeError("no network interface has 127.0.0.1; local workers need loopback")
+def loopback_interface() -> str:
+    """The name of the interface that holds 127.0.0.1."""
+    name = interface_holding("127.0.0.1")
+    if name is None:
+        raise RuntimeError("no network interface has 127.0.0.1; local workers need loopback")
+    return name
 
 
 class _Rendezvous:
@@ -84,7 +84,7 @@ class LocalBackend:
             # TensorFlow), unless the environment says otherwise.
             base_env = dict({**compat.worker_env(), **os.environ}, **{
                 k: str(v) for k, v in create_run_env_vars(
-                    "127.0.0.1", [_loopback_interface()], rendezvous.port).items()})
+                    "127.0.0.1", [loopback_interface()], rendezvous.port).items()})
             envs = [{**base_env, **create_slot_env_vars(slot)} for slot in slots]
             return run_processes(fn, kwargs, envs, options, sink, self.grace)
         finally:

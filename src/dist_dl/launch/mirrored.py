@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import warnings
 from typing import Any, Callable
 
 from dist_dl.launch.runner import TFDistributeRunner
-from dist_dl.core.sparkconf import conf_value
+from dist_dl.launch.sparkchecks import (LazySpark, check_encryption, check_task_slots, driver_gpus,
+                                        split, task_gpu_amount)
 
 __all__ = ["MirroredStrategyRunner"]
 
-SSL_KEY = "spark.ssl.enabled"
 IGNORE_SSL_KEY = "tensorflow.spark.distributor.ignoreSsl"
 
 
@@ -47,19 +45,7 @@ def _in_strategy_scope(train_fn: Callable[..., Any], /, **kwargs) -> Any:
         return train_fn(**kwargs)
 
 
-def _conf_bool(sc, key: str) -> bool:
-    value = (conf_value(sc, key, "false") or "false").strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"the Spark configuration {key} must be 'true' or 'false', got {value!r}")
-    return value == "true"
-
-
-def _split(total: int, parts: int) -> list[int]:
-    """``total`` GPUs over ``parts`` workers, the first ones taking one more."""
-    return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-class MirroredStrategyRunner(TFDistributeRunner):
+class MirroredStrategyRunner(LazySpark, TFDistributeRunner):
     """Runs a TensorFlow training function on Spark tasks (or on the driver)
     as one ``MultiWorkerMirroredStrategy`` job; code written for
     ``spark_tensorflow_distributor.MirroredStrategyRunner`` runs with only
@@ -139,38 +125,11 @@ class MirroredStrategyRunner(TFDistributeRunner):
 
     # -- Spark --------------------------------------------------------------
 
-    def _spark_session(self):
-        if self._session is None:
-            from dist_dl.core.session import get_spark
-
-            self._session = get_spark()
-        return self._session
-
-    @property
-    def sc(self):
-        """The SparkContext the runner uses (started on first use)."""
-        return self._spark_session().sparkContext
-
     def _task_gpus(self) -> list[int]:
         """The GPUs each Spark task's worker gets, one entry per task."""
-        key = f"spark.task.resource.{self.gpu_resource_name}.amount"
-        value = conf_value(self.sc, key)
-        if value is None:
-            raise ValueError(
-                f"{self._label()}: GPU training (use_gpu=True, the default) needs Spark's GPU "
-                f"scheduling, and the Spark configuration has no {key}. On a GPU cluster set "
-                f"{key} (with spark.executor.resource.{self.gpu_resource_name}.amount and its "
-                f"discovery script); to train on CPU, pass use_gpu=False.")
-        try:
-            amount = float(value)
-        except ValueError:
-            raise ValueError(f"{self._label()}: {key} is {value!r}, not a number") from None
-        if amount < 1 or amount != int(amount):
-            raise ValueError(
-                f"{self._label()}: {key} is {value}; GPU training needs whole GPUs per task "
-                f"(1 or more): set {key} to a positive integer")
-        self._gpus_per_task = int(amount)
-        return _split(self.num_slots, math.ceil(self.num_slots / int(amount)))
+        amount = task_gpu_amount(self.sc, self.gpu_resource_name, self._label())
+        self._gpus_per_task = amount
+        return split(self.num_slots, math.ceil(self.num_slots / amount))
 
     def _local_gpus(self) -> list[list[str]]:
         """The GPU ids of each process on the driver, one entry per process."""
@@ -199,26 +158,8 @@ class MirroredStrategyRunner(TFDistributeRunner):
         return [owned[:wanted]]
 
     def _driver_gpus(self) -> list[str]:
-        """The driver's GPUs: its Spark resource where GPU scheduling names
-        one (as CUDA_VISIBLE_DEVICES names them), else those visible to it."""
-        from dist_dl.launch.device import visible_gpus
-
-        session = self._session
-        if session is None:
-            from pyspark.sql import SparkSession
-
-            session = SparkSession.getActiveSession()
-        resource = None
-        if session is not None:
-            resource = session.sparkContext.resources.get(self.gpu_resource_name)
-        if resource is None:
-            return visible_gpus()
-        addresses = list(resource.addresses)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible:
-            names = visible.split(",")
-            addresses = [names[int(a)] for a in addresses]
-        return addresses
+        """The driver's GPUs (Spark's GPU resource, else those visible)."""
+        return driver_gpus(self._session, self.gpu_resource_name)
 
     def get_num_tasks(self) -> int:
         """The number of workers the job runs: Spark tasks, or processes on
@@ -226,41 +167,16 @@ class MirroredStrategyRunner(TFDistributeRunner):
         return abs(self.num_processor)
 
     def _check_encryption(self) -> None:
-        if not _conf_bool(self.sc, SSL_KEY):
-            return
-        if _conf_bool(self.sc, IGNORE_SSL_KEY):
-            warnings.warn(
-                f"{self._label()}: this cluster encrypts Spark's traffic ({SSL_KEY}=true), and "
-                f"the workers' TensorFlow traffic (gradients, model parameters) is not "
-                f"encrypted; running anyway because {IGNORE_SSL_KEY}=true", stacklevel=3)
-            return
-        raise RuntimeError(
-            f"{self._label()}: this cluster encrypts Spark's traffic ({SSL_KEY}=true), and the "
-            f"workers' TensorFlow traffic (gradients, model parameters, possibly training "
-            f"data) would cross the network unencrypted. To run anyway, set {IGNORE_SSL_KEY} "
-            f"to true in the Spark configuration.")
+        check_encryption(self.sc, self._label(), IGNORE_SSL_KEY, "TensorFlow")
 
     def _check_slots(self, wait: float = 10.0) -> None:
         """Fail within seconds, saying which num_slots fits, where the
         cluster cannot run all the tasks at once."""
-        from dist_dl.launch.errors import NotEnoughSlots
-        from dist_dl.launch.spark import check_slots
-        from dist_dl.core.session import task_slots
-
-        tasks = self.get_num_tasks()
-        spark = self._spark_session()
-        try:
-            check_slots(spark, tasks, wait, label=self._label())
-        except NotEnoughSlots:
-            slots = task_slots(spark)
-            per_task = self._gpus_per_task if self.use_gpu else 1
-            unit = "GPU slots" if self.use_gpu else "CPU slots (Spark tasks)"
-            raise NotEnoughSlots(
-                f"{self._label()} needs {tasks} Spark tasks running at the same time, and the "
-                f"cluster ({spark.sparkContext.master}) has {slots} task slot(s) now (executor "
-                f"cores / spark.task.cpus; waited {wait:g} s): use num_slots <= "
-                f"{slots * per_task} {unit}, add workers, or train on the driver with "
-                f"num_slots=-{self.num_slots}.") from None
+        check_task_slots(
+            self._spark_session(), self.get_num_tasks(), self._label(), count="num_slots",
+            per_task=self._gpus_per_task if self.use_gpu else 1,
+            unit="GPU slots" if self.use_gpu else "CPU slots (Spark tasks)",
+            on_driver=f"num_slots=-{self.num_slots}", wait=wait)
 
     # -- running ------------------------------------------------------------
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import functools
-import ipaddress
 import re
 import shutil
 import os
@@ -19,6 +18,7 @@ from dist_dl.core import compat
 from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
+from dist_dl.launch.network import interface_holding, is_loopback, resolve
 from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
@@ -60,18 +60,11 @@ def cluster_nics(spark) -> set[str] | None:
     if sc.master.startswith("local"):
         return None
     host = conf_value(sc, "spark.driver.host", "") or ""
-    try:
-        address = socket.gethostbyname(host) if host else ""
-    except OSError:
+    address = resolve(host) if host else None
+    if not address or is_loopback(address):
         return None
-    if not address or ipaddress.ip_address(address).is_loopback:
-        return None
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return {name}
-    return None
+    name = interface_holding(address)
+    return None if name is None else {name}
 
 
 def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner",

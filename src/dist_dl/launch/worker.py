@@ -44,8 +44,8 @@ class WorkerOptions:
         capture_output: Route output to the driver through the protocol. Off
             when another launcher (Databricks' HorovodRunner) carries the logs.
         env: Extra environment variables for the worker.
-        engine: ``"horovod"`` or ``"tensorflow"`` (tf.distribute): which
-            engine's settings the worker gets.
+        engine: ``"horovod"``, ``"tensorflow"`` (tf.distribute) or
+            ``"torch"``: which engine's settings the worker gets.
         runner: The runner as its user wrote it (``TFDistributeRunner(np=2)``),
             for the driver's messages; '' names the engine's runner.
         check_weights: Report the Keras models the function trained when it
@@ -168,8 +168,8 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
         # (the training worker raises it for large models, see device.py).
         device.default_cycle_time(os.environ, chosen="HOROVOD_CYCLE_TIME" in options.env,
                                   gpus=gpus)
-    place = _place()
-    plan = device.plan_devices(place.local_rank, place.local_size, gpus=gpus,
+    local_rank, local_size = placement.host_share(os.environ, _place())
+    plan = device.plan_devices(local_rank, local_size, gpus=gpus,
                                cpu_count=len(os.sched_getaffinity(0)),
                                threads=options.threads_per_worker, pin_cpus=options.pin_cpus,
                                own_gpus=bool(task_gpus))
@@ -405,7 +405,7 @@ def main(argv: list[str]) -> int:
 # sc.addPyFile or spark.submit.pyFiles, a notebook's folder) imports here.
 SYS_PATH_VAR = "DIST_DL_SYS_PATH"
 # Set by a Spark barrier task that starts a worker: a file holding the task's
-# BarrierTaskContext (see dist_dl.launch.tfdist).
+# BarrierTaskContext (see dist_dl.launch.barrier).
 TASK_CONTEXT_VAR = "DIST_DL_TASK_CONTEXT"
 
 

@@ -1,0 +1,31 @@
+"""Which network interface holds an address: what Horovod, Gloo and NCCL are
+told to use between workers, found the same way by every engine."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+__all__ = ["interface_holding", "resolve", "is_loopback"]
+
+
+def resolve(host: str) -> str | None:
+    """``host``'s IPv4 address (itself if it is one), or None where it does not resolve."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def interface_holding(address: str) -> str | None:
+    """The name of this host's network interface that holds ``address``
+    (an IP address), or None where none does."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return None

@@ -1,0 +1,143 @@
+"""Driver-side checks that the drop-in runners (``MirroredStrategyRunner``,
+``TorchDistributor``) make before a Spark barrier stage: TLS, Spark's GPU
+scheduling, the driver's own GPUs."""
+from __future__ import annotations
+
+import os
+import warnings
+
+from dist_dl.core.sparkconf import conf_value
+
+__all__ = ["SSL_KEY", "check_encryption", "conf_bool", "task_gpu_amount", "driver_gpus", "split",
+           "check_task_slots", "LazySpark"]
+
+SSL_KEY = "spark.ssl.enabled"
+
+
+class LazySpark:
+    """A runner's SparkSession: the one it was given (``self._session``),
+    else the active or a new one, started on first use."""
+
+    _session = None
+
+    def _spark_session(self):
+        if self._session is None:
+            from dist_dl.core.session import get_spark
+
+            self._session = get_spark()
+        return self._session
+
+    @property
+    def sc(self):
+        """The SparkContext the runner uses (started on first use)."""
+        return self._spark_session().sparkContext
+
+
+def conf_bool(sc, key: str) -> bool:
+    """The Spark configuration ``key`` as a boolean ('true' or 'false'; unset: false)."""
+    value = (conf_value(sc, key, "false") or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"the Spark configuration {key} must be 'true' or 'false', got {value!r}")
+    return value == "true"
+
+
+def check_encryption(sc, label: str, ignore_key: str, traffic: str) -> None:
+    """Refuse a cluster that encrypts Spark's traffic (``spark.ssl.enabled``),
+    since the workers' ``traffic`` (the engine's collectives) is not
+    encrypted, unless ``ignore_key`` is true; then warn.
+
+    Raises:
+        RuntimeError: TLS is on and ``ignore_key`` is not true.
+    """
+    if not conf_bool(sc, SSL_KEY):
+        return
+    if conf_bool(sc, ignore_key):
+        warnings.warn(
+            f"{label}: this cluster has TLS encryption on ({SSL_KEY}=true), and the workers' "
+            f"{traffic} traffic (gradients, model parameters) is not encrypted; running anyway "
+            f"because {ignore_key}=true", stacklevel=4)
+        return
+    raise RuntimeError(
+        f"{label}: this cluster has TLS encryption on ({SSL_KEY}=true), and the workers' "
+        f"{traffic} traffic (gradients, model parameters, possibly training data) would cross "
+        f"the network unencrypted. To run anyway, set {ignore_key} to true in the Spark "
+        f"configuration.")
+
+
+def task_gpu_amount(sc, resource: str, label: str) -> int:
+    """``spark.task.resource.<resource>.amount``: the whole GPUs each Spark task gets.
+
+    Raises:
+        ValueError: it is unset, or not a positive integer.
+    """
+    key = f"spark.task.resource.{resource}.amount"
+    value = conf_value(sc, key)
+    if value is None:
+        raise ValueError(
+            f"{label}: GPU training (use_gpu=True, the default) needs Spark's GPU scheduling, "
+            f"and {key} is unset in the Spark configuration. On a GPU cluster set {key} (with "
+            f"spark.executor.resource.{resource}.amount and its discovery script); to train on "
+            f"CPU, pass use_gpu=False.")
+    try:
+        amount = float(value)
+    except ValueError:
+        raise ValueError(f"{label}: {key} is {value!r}, not a number") from None
+    if amount < 1 or amount != int(amount):
+        raise ValueError(
+            f"{label}: {key} is {value}; GPU training needs whole GPUs per task (1 or more): "
+            f"set {key} to a positive integer")
+    return int(amount)
+
+
+def driver_gpus(session, resource: str) -> list[str]:
+    """The driver's GPUs: its Spark resource ``resource`` where GPU scheduling
+    names one (as CUDA_VISIBLE_DEVICES names them), else those visible to it.
+    ``session``: the runner's SparkSession, None for the active one if any."""
+    from dist_dl.launch.device import visible_gpus
+
+    if session is None:
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:  # no Spark here: the visible GPUs
+            return visible_gpus()
+        session = SparkSession.getActiveSession()
+    found = None
+    if session is not None:
+        found = session.sparkContext.resources.get(resource)
+    if found is None:
+        return visible_gpus()
+    addresses = list(found.addresses)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        names = visible.split(",")
+        addresses = [names[int(a)] for a in addresses]
+    return addresses
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` GPUs (or processes) over ``parts`` tasks, the first ones taking one more."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def check_task_slots(spark, tasks: int, label: str, *, count: str, per_task: int, unit: str,
+                     on_driver: str, wait: float = 10.0) -> None:
+    """Fail within seconds where the cluster cannot run ``tasks`` Spark tasks
+    at once, saying which ``count`` (the runner's argument) fits: the slots
+    times ``per_task`` ``unit``, or ``on_driver`` (the same job on the driver).
+
+    Raises:
+        NotEnoughSlots: fewer task slots than ``tasks`` after ``wait`` seconds.
+    """
+    from dist_dl.core.session import task_slots
+    from dist_dl.launch.errors import NotEnoughSlots
+    from dist_dl.launch.spark import check_slots
+
+    try:
+        check_slots(spark, tasks, wait, label=label)
+    except NotEnoughSlots:
+        slots = task_slots(spark)
+        raise NotEnoughSlots(
+            f"{label} needs {tasks} Spark tasks running at the same time, and the cluster "
+            f"({spark.sparkContext.master}) has {slots} task slot(s) now (executor cores / "
+            f"spark.task.cpus; waited {wait:g} s): use {count} <= {slots * per_task} {unit}, "
+            f"add workers, or train on the driver with {on_driver}.") from None
