@@ -39,7 +39,9 @@ class PrepareSummary:
     ``rows_in == rows_written + rows_skipped`` always holds.
     ``skipped_by_reason`` counts skipped rows by reason (``empty``,
     ``undecodable``, ``unreadable``, ``null``); ``skipped_examples`` holds the
-    first few ``(source_id, error)`` pairs.
+    first few ``(source_id, error)`` pairs. ``encoding`` holds the settings
+    the images were stored with (:meth:`ShardConfig.encoding`:
+    ``resize_short_side``, ``max_side``, ``jpeg_quality``).
     """
 
     output: str
@@ -51,6 +53,7 @@ class PrepareSummary:
     skipped_examples: tuple = ()
     classes: int = 0
     delta_version: int | None = None
+    encoding: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -119,7 +122,9 @@ def prepare_image_dataset(
         on_bad_image: ``"fail"`` (default): if any image cannot be read or
             decoded, nothing is written and the error names the first bad
             records; ``"skip"``: bad images are left out and counted.
-        config: Encoding and layout (:class:`ShardConfig`).
+        config: Encoding and layout (:class:`ShardConfig`): e.g.
+            ``ShardConfig(max_side=500)`` stores pre-resized images, their
+            longer side at most 500 px.
         spark: SparkSession; default the DataFrame's, else the active one
             (or a local one).
         progress_every: Seconds between progress lines on stdout (tasks,
@@ -209,7 +214,8 @@ def prepare_image_dataset(
     summary = PrepareSummary(output=str(output), format=format, rows_in=rows_in,
                              rows_written=written, rows_skipped=skipped,
                              skipped_by_reason=by_reason, skipped_examples=tuple(examples),
-                             classes=len(index), delta_version=version)
+                             classes=len(index), delta_version=version,
+                             encoding=config.encoding())
     save_label_index(out_path, index)
     write_json(out_path, SUMMARY_FILE, summary.to_dict())
     return summary
@@ -382,7 +388,7 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
     """The task function that decodes and re-encodes images; adds the rows
     it has handled to ``counter`` (an accumulator, for progress)."""
     names = {i: name for name, i in index.items()}
-    resize, quality = config.resize_short_side, config.jpeg_quality
+    resize, quality, max_side = config.resize_short_side, config.jpeg_quality, config.max_side
 
     def process(frames):
         import hashlib
@@ -415,7 +421,7 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
                     label = int(label)
                     name = names[label]
                 if error is None:
-                    enc = encode_image(raw, resize, quality)
+                    enc = encode_image(raw, resize, quality, max_side=max_side)
                     error = enc.error
                     data, height, width = enc.data, enc.height, enc.width
                 else:
