@@ -30,7 +30,7 @@ def test_the_longer_side_is_capped_and_the_aspect_ratio_kept():
         out = encode_image(raw, max_side=320, jpeg_quality=85)
         assert out.error is None and (out.width, out.height) == size
         assert _decoded(out.data).size == size
-        assert abs(size[0] / size[1] - 640 / 427) < 0.01 or abs(size[1] / size[0] - 640 / 427) < 0.01
+        assert abs(max(size) / min(size) - 640 / 427) < 0.01
 
 
 def test_an_image_within_the_cap_is_kept_byte_for_byte():
@@ -113,3 +113,29 @@ def test_the_setting_travels_from_the_data_section_to_the_summary_record():
     assert config.encoding() == {"resize_short_side": 256, "max_side": 500, "jpeg_quality": 85}
     assert ShardConfig().encoding() == {"resize_short_side": None, "max_side": None,
                                         "jpeg_quality": 90}
+
+
+def test_train_distributed_takes_max_side_for_a_dataframe_and_refuses_it_for_shards(tmp_path):
+    from dist_dl.train.config import TrainConfig
+    from dist_dl.train.driver import _resolve_inputs
+
+    with pytest.raises(ValueError, match=r"TrainConfig\.max_side must be an int >= 8"):
+        TrainConfig(max_side=4)
+    # Shards are read as written: a max_side would silently do nothing.
+    with pytest.raises(ValueError, match=r"max_side=320 sets the size a DataFrame's images are "
+                                         r"stored at, .*ShardConfig\(max_side=320\)"):
+        _resolve_inputs(str(tmp_path), None, TrainConfig(max_side=320), str(tmp_path), None)
+    assert _resolve_inputs(str(tmp_path), None, TrainConfig(), str(tmp_path), None)[:2] == (
+        str(tmp_path), None)
+
+
+def test_the_run_logs_the_encoding_of_the_shards_it_trains_on(tmp_path):
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.train.driver import _encoding_params
+
+    make_synthetic_images(str(tmp_path / "syn"), rows=2, image_size=16, classes=2,
+                          jpeg_quality=80)
+    assert _encoding_params(str(tmp_path / "syn")) == {
+        "data.resize_short_side": None, "data.max_side": None, "data.jpeg_quality": 80}
+    assert _encoding_params(str(tmp_path)) == {}  # no summary: nothing logged
+    assert _encoding_params("s3://bucket/shards") == {}  # not readable here

@@ -6,13 +6,14 @@ task starts, decides what to do with bad images, and commits the output.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from dist_dl.core.locations import file_url, local_path, spark_path
+from dist_dl.core.locations import file_path, file_url, local_path, spark_path
 from dist_dl.core.progress import SparkProgress
 from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.core.session import job_group
@@ -23,7 +24,7 @@ from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
 
-__all__ = ["PrepareSummary", "prepare_image_dataset"]
+__all__ = ["PrepareSummary", "prepare_image_dataset", "read_summary"]
 
 _BAD_POLICIES = ("fail", "skip")
 _EXAMPLES = 5
@@ -219,6 +220,22 @@ def prepare_image_dataset(
     save_label_index(out_path, index)
     write_json(out_path, SUMMARY_FILE, summary.to_dict())
     return summary
+
+
+def read_summary(location) -> dict | None:
+    """The summary stored beside a dataset (``_summary.json`` of a folder or
+    Delta table: a path, ``file:`` URL or ``dbfs:/`` path), or None where
+    there is none readable here (remote storage, shards not written by
+    dist_dl, an unreadable file)."""
+    path = file_path(location)
+    if path is None:
+        return None
+    try:
+        with open(os.path.join(path, SUMMARY_FILE)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 # -- sources -----------------------------------------------------------------
