@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -139,3 +140,30 @@ def test_the_run_logs_the_encoding_of_the_shards_it_trains_on(tmp_path):
         "data.resize_short_side": None, "data.max_side": None, "data.jpeg_quality": 80}
     assert _encoding_params(str(tmp_path)) == {}  # no summary: nothing logged
     assert _encoding_params("s3://bucket/shards") == {}  # not readable here
+
+
+def test_the_mlflow_run_gets_data_max_side_beside_train_max_side(tmp_path):
+    """What train_distributed logs when it opens the run (no worker starts)."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.train.config import TrainConfig
+    from dist_dl.train.driver import _log_params
+
+    shards = str(tmp_path / "shards")
+    make_synthetic_images(shards, rows=2, image_size=16, classes=2)
+    with open(f"{shards}/_summary.json") as f:
+        summary = json.load(f)
+    summary["encoding"]["max_side"] = 320  # as a DataFrame materialised with max_side=320
+    with open(f"{shards}/_summary.json", "w") as f:
+        json.dump(summary, f)
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    plan = SimpleNamespace(rows=2, row_groups=1, steps_per_epoch=1)
+    _log_params(client, run_id, TrainConfig(max_side=320), "small_cnn", "local", shards, None,
+                plan, None, 1, 2, {}, str(tmp_path / "ckpt"))
+    params = client.get_run(run_id).data.params
+    assert (params["train.max_side"], params["data.max_side"]) == ("320", "320")
+    assert (params["data.resize_short_side"], params["data.jpeg_quality"]) == ("None", "90")
