@@ -47,7 +47,8 @@ DRAFT_GAP = 2
 
 def encode_image(raw: bytes | None, resize_short_side: int | None = None,
                  jpeg_quality: int = 90, *, max_side: int | None = None) -> EncodedImage:
-    """Decode ``raw`` fully, convert it to RGB, resize it, encode it as JPEG.
+    """Decode ``raw`` (all of it: a truncated file is refused), convert it to
+    RGB, resize it, encode it as JPEG.
 
     An RGB JPEG that needs no resize is kept byte for byte (no generation
     loss, no work). Anything else Pillow can read (PNG, grayscale, CMYK,
