@@ -1,6 +1,7 @@
 """Shard writing on the driver: sources, schema, labels, bad images, formats."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -193,3 +194,55 @@ def test_the_same_dataframe_materialised_twice_at_once_is_written_once(spark, tm
                   for i in (0, 1) for name in os.listdir(results[0][i])
                   if name.endswith(".parquet"))
     assert written == rows, (written, rows)           # each row once, in one of the splits
+
+
+@pytest.mark.timeout(600)
+def test_max_side_stores_pre_resized_images_and_the_summary_says_so(spark, tmp_path):
+    from PIL import Image
+
+    from imagedata import sample_photo
+
+    photo = sample_photo()  # 640 x 427
+    files = {"wide/photo.jpg": encode(photo),
+             "tall/photo.jpg": encode(photo.crop((0, 0, 300, 400))),
+             "tall/small.jpg": encode(digit_images(1)[0][0])}
+    for name, data in files.items():
+        (tmp_path / "tree" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / name).write_bytes(data)
+    out = tmp_path / "shards"
+    summary = prepare_image_dataset(str(out), image_dir=str(tmp_path / "tree"),
+                                    config=ShardConfig(max_side=200, jpeg_quality=85),
+                                    spark=spark, progress_every=None)
+    encoding = {"resize_short_side": None, "max_side": 200, "jpeg_quality": 85}
+    assert summary.encoding == encoding
+    assert json.loads((out / "_summary.json").read_text())["encoding"] == encoding
+    rows = {r["source_id"]: r for r in _rows(str(out))}
+    sizes = {sid: (r["width"], r["height"]) for sid, r in rows.items()}
+    assert sizes == {"wide/photo.jpg": (200, 133), "tall/photo.jpg": (150, 200),
+                     "tall/small.jpg": (32, 32)}
+    for sid, r in rows.items():
+        assert Image.open(io.BytesIO(r["image"])).size == sizes[sid]
+    assert rows["tall/small.jpg"]["image"] == files["tall/small.jpg"]  # within the cap: as is
+
+
+@pytest.mark.timeout(600)
+def test_a_dataframe_materialised_with_max_side_is_logged_as_data_max_side(spark, tmp_path):
+    """train_distributed(df, max_side=...) materialises through this; the
+    run's data.* parameters come from the summary it writes."""
+    from PIL import Image
+    from pyspark.sql import Row
+
+    from imagedata import sample_photo
+    from dist_dl.prepare.materialise import materialise_dataframe
+    from dist_dl.train.driver import _encoding_params
+
+    photo = encode(sample_photo())
+    df = spark.createDataFrame([Row(image=bytearray(photo), label=i % 2) for i in range(4)])
+    train, _, rows, disposable = materialise_dataframe(
+        df, None, str(tmp_path), image_col="image", label_col="label", classes=2, seed=0,
+        num_workers=1, validation_fraction=0.0, max_side=64)
+    assert rows["train"]["written"] == 4 and disposable is not None  # in-memory data
+    assert {(r["width"], r["height"]) for r in _rows(train)} == {(64, 43)}
+    assert Image.open(io.BytesIO(_rows(train)[0]["image"])).size == (64, 43)
+    assert _encoding_params(train) == {"data.resize_short_side": None, "data.max_side": 64,
+                                       "data.jpeg_quality": 90}

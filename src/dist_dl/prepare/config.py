@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dist_dl.core.settings import checked, setting
+from dist_dl.prepare.images import MIN_SIDE
 
 __all__ = ["ShardConfig", "DataConfig", "SOURCES"]
 
@@ -18,6 +19,16 @@ class ShardConfig:
             this are scaled down (aspect ratio kept) before storing; smaller
             images are not enlarged. ImageNet at 256 is what fast pipelines
             store for 224-pixel training. Default None (keep the size).
+        max_side: If set, images whose longer side is longer than this are
+            scaled down to it (aspect ratio kept) before storing: pre-resized
+            shards, which decode faster in every epoch (FFCV stores ImageNet
+            at 500 px for training at 160 to 192 px; figures in
+            ``benchmarks/RESULTS.md``). Smaller images are kept byte for byte
+            (RGB JPEGs). With ``resize_short_side`` too, the shorter side is
+            brought to ``resize_short_side`` first and the longer side then
+            capped, so the cap wins for elongated images
+            (:func:`dist_dl.prepare.images.encode_image`). Default None (no
+            cap).
         jpeg_quality: Quality (1-95) used whenever an image is re-encoded:
             after a resize, or when the source is not an RGB JPEG (PNG,
             grayscale, CMYK, ...). RGB JPEGs kept at their size are stored
@@ -31,10 +42,17 @@ class ShardConfig:
             folder tree lists images class by class). Default 0.
     """
 
-    resize_short_side: int | None = setting(None, low=8)
+    resize_short_side: int | None = setting(None, low=MIN_SIDE)
+    max_side: int | None = setting(None, low=MIN_SIDE)
     jpeg_quality: int = setting(90, low=1, high=95, why="Pillow's useful range")
     rows_per_row_group: int = setting(512, low=1)
     seed: int = setting(0)
+
+    def encoding(self) -> dict:
+        """The settings that decide the stored bytes, as recorded in the
+        shards' summary (``PrepareSummary.encoding``)."""
+        return {"resize_short_side": self.resize_short_side, "max_side": self.max_side,
+                "jpeg_quality": self.jpeg_quality}
 
 
 SOURCES = ("folder", "table", "synthetic", "sklearn_digits")
@@ -65,7 +83,9 @@ class DataConfig:
         format: ``"parquet"`` or ``"delta"``.
         mode: ``"error"``, ``"overwrite"`` or ``"append"`` for an existing output.
         on_bad_image: ``"fail"`` or ``"skip"`` (counted in the summary).
-        resize_short_side, jpeg_quality, rows_per_row_group: see :class:`ShardConfig`.
+        resize_short_side, max_side, jpeg_quality, rows_per_row_group: see
+            :class:`ShardConfig` (the synthetic source writes ``image_size``
+            squares and uses only ``jpeg_quality`` and ``rows_per_row_group``).
         seed: Seed of the split and of synthetic pixels.
     """
 
@@ -84,7 +104,8 @@ class DataConfig:
     format: str = setting("parquet", choices=("parquet", "delta"))
     mode: str = setting("overwrite", choices=("error", "overwrite", "append"))
     on_bad_image: str = setting("fail", choices=("fail", "skip"))
-    resize_short_side: int | None = setting(None, low=8)
+    resize_short_side: int | None = setting(None, low=MIN_SIDE)
+    max_side: int | None = setting(None, low=MIN_SIDE)
     jpeg_quality: int = setting(90, low=1, high=95, why="Pillow's useful range")
     rows_per_row_group: int = setting(512, low=1)
     seed: int = setting(0)
@@ -101,7 +122,7 @@ class DataConfig:
 
     def shard_config(self) -> ShardConfig:
         """The encoding settings as a :class:`ShardConfig`."""
-        return ShardConfig(resize_short_side=self.resize_short_side,
+        return ShardConfig(resize_short_side=self.resize_short_side, max_side=self.max_side,
                            jpeg_quality=self.jpeg_quality,
                            rows_per_row_group=self.rows_per_row_group, seed=self.seed)
 

@@ -83,7 +83,7 @@ def _rows_per_row_group(rows: int, workers: int) -> int:
 
 def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, label_col: str,
                           classes: int | None, seed: int, num_workers: int,
-                          validation_fraction: float):
+                          validation_fraction: float, max_side: int | None = None):
     """Write a DataFrame (and its validation split) as shards, or reuse the
     shards an earlier call wrote for the same data; see
     :func:`fingerprint_dataframes`.
@@ -95,15 +95,21 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
         image_col, label_col, classes, seed: As for
             :func:`~dist_dl.prepare.prepare_image_dataset`.
         num_workers: The readers the shards are cut for (row groups).
+        max_side: Cap on the stored images' longer side
+            (:class:`~dist_dl.prepare.ShardConfig`); None keeps their size.
 
     Returns:
         (train shards folder, validation shards folder or None, rows in,
         written and skipped per split, a folder to delete after use or None:
         shards of in-memory data that no later call can reuse).
     """
-    fingerprint = fingerprint_dataframes(df, validation, (
-        image_col, label_col, classes, seed, num_workers,
-        validation_fraction if validation is None else None))
+    settings = (image_col, label_col, classes, seed, num_workers,
+                validation_fraction if validation is None else None)
+    if max_side is not None:
+        # Only when set: shards written before the setting existed keep
+        # their fingerprint.
+        settings += (("max_side", max_side),)
+    fingerprint = fingerprint_dataframes(df, validation, settings)
     name = fingerprint or f"unnamed-{uuid.uuid4().hex[:16]}"
     root = os.path.join(output_dir, "shards", name)
     done = os.path.join(root, _DONE)
@@ -117,7 +123,8 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
         rows, has_validation = _write_shards(staging, df, validation, image_col=image_col,
                                              label_col=label_col, classes=classes, seed=seed,
                                              num_workers=num_workers,
-                                             validation_fraction=validation_fraction)
+                                             validation_fraction=validation_fraction,
+                                             max_side=max_side)
         if os.path.exists(root) and not os.path.exists(done):
             # Left by a call that did not finish, or written in place (not
             # by this library); a complete one has its marker.
@@ -146,7 +153,7 @@ def _reused(root: str):
 
 
 def _write_shards(folder: str, df, validation, *, image_col, label_col, classes, seed,
-                  num_workers, validation_fraction) -> tuple[dict, bool]:
+                  num_workers, validation_fraction, max_side) -> tuple[dict, bool]:
     """Write the splits under ``folder`` and its completion marker last;
     rows in, written and skipped per split, and whether there is a
     validation split."""
@@ -170,7 +177,7 @@ def _write_shards(folder: str, df, validation, *, image_col, label_col, classes,
             url, dataframe=frame, image_col=image_col, label_col=label_col,
             classes=classes, label_index=train_url if split == "validation" else None,
             config=ShardConfig(rows_per_row_group=_rows_per_row_group(count, num_workers),
-                               seed=seed))
+                               seed=seed, max_side=max_side))
         rows[split] = {"in": summary.rows_in, "written": summary.rows_written,
                        "skipped": summary.rows_skipped}
     write_json(folder, _DONE, {"rows": rows, "validation": validation is not None})

@@ -96,6 +96,8 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
     save_label_index(path, {f"class{c}": c for c in range(classes)})
     summary = {"output": str(output), "format": format, "rows_in": rows, "rows_written": rows,
                "rows_skipped": 0, "skipped_by_reason": {}, "skipped_examples": [],
-               "classes": classes, "delta_version": version}
+               "classes": classes, "delta_version": version,
+               "encoding": {"resize_short_side": None, "max_side": None,
+                            "jpeg_quality": jpeg_quality}}
     write_json(path, SUMMARY_FILE, summary)
     return summary

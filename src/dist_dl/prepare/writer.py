@@ -6,13 +6,14 @@ task starts, decides what to do with bad images, and commits the output.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from dist_dl.core.locations import file_url, local_path, spark_path
+from dist_dl.core.locations import file_path, file_url, local_path, spark_path
 from dist_dl.core.progress import SparkProgress
 from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.core.session import job_group
@@ -23,7 +24,7 @@ from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
 from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
 
-__all__ = ["PrepareSummary", "prepare_image_dataset"]
+__all__ = ["PrepareSummary", "prepare_image_dataset", "read_summary"]
 
 _BAD_POLICIES = ("fail", "skip")
 _EXAMPLES = 5
@@ -39,7 +40,9 @@ class PrepareSummary:
     ``rows_in == rows_written + rows_skipped`` always holds.
     ``skipped_by_reason`` counts skipped rows by reason (``empty``,
     ``undecodable``, ``unreadable``, ``null``); ``skipped_examples`` holds the
-    first few ``(source_id, error)`` pairs.
+    first few ``(source_id, error)`` pairs. ``encoding`` holds the settings
+    the images were stored with (:meth:`ShardConfig.encoding`:
+    ``resize_short_side``, ``max_side``, ``jpeg_quality``).
     """
 
     output: str
@@ -51,6 +54,7 @@ class PrepareSummary:
     skipped_examples: tuple = ()
     classes: int = 0
     delta_version: int | None = None
+    encoding: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -119,7 +123,9 @@ def prepare_image_dataset(
         on_bad_image: ``"fail"`` (default): if any image cannot be read or
             decoded, nothing is written and the error names the first bad
             records; ``"skip"``: bad images are left out and counted.
-        config: Encoding and layout (:class:`ShardConfig`).
+        config: Encoding and layout (:class:`ShardConfig`): e.g.
+            ``ShardConfig(max_side=500)`` stores pre-resized images, their
+            longer side at most 500 px.
         spark: SparkSession; default the DataFrame's, else the active one
             (or a local one).
         progress_every: Seconds between progress lines on stdout (tasks,
@@ -209,10 +215,27 @@ def prepare_image_dataset(
     summary = PrepareSummary(output=str(output), format=format, rows_in=rows_in,
                              rows_written=written, rows_skipped=skipped,
                              skipped_by_reason=by_reason, skipped_examples=tuple(examples),
-                             classes=len(index), delta_version=version)
+                             classes=len(index), delta_version=version,
+                             encoding=config.encoding())
     save_label_index(out_path, index)
     write_json(out_path, SUMMARY_FILE, summary.to_dict())
     return summary
+
+
+def read_summary(location) -> dict | None:
+    """The summary stored beside a dataset (``_summary.json`` of a folder or
+    Delta table: a path, ``file:`` URL or ``dbfs:/`` path), or None where
+    there is none readable here (remote storage, shards not written by
+    dist_dl, an unreadable file)."""
+    path = file_path(location)
+    if path is None:
+        return None
+    try:
+        with open(os.path.join(path, SUMMARY_FILE)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 # -- sources -----------------------------------------------------------------
@@ -382,7 +405,7 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
     """The task function that decodes and re-encodes images; adds the rows
     it has handled to ``counter`` (an accumulator, for progress)."""
     names = {i: name for name, i in index.items()}
-    resize, quality = config.resize_short_side, config.jpeg_quality
+    resize, quality, max_side = config.resize_short_side, config.jpeg_quality, config.max_side
 
     def process(frames):
         import hashlib
@@ -415,7 +438,7 @@ def _processor(index: dict[str, int], string_labels: bool, config: ShardConfig, 
                     label = int(label)
                     name = names[label]
                 if error is None:
-                    enc = encode_image(raw, resize, quality)
+                    enc = encode_image(raw, resize, quality, max_side=max_side)
                     error = enc.error
                     data, height, width = enc.data, enc.height, enc.width
                 else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dist_dl.core.settings import checked, setting
+from dist_dl.prepare.images import MIN_SIDE
 from dist_dl.read.augment import READERS
 
 __all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
@@ -37,6 +38,11 @@ class TrainConfig:
         validation_fraction: Share of a DataFrame's rows held out for the
             validation pass when no validation data is given (0 turns the
             validation pass off).
+        max_side: For a DataFrame input, the longest side its images are
+            stored at (pre-resized shards, which decode faster every epoch:
+            :class:`dist_dl.prepare.ShardConfig`); None (default) keeps
+            their size. Shards given by location are read as written (their
+            encoding is logged as the run's ``data.*`` parameters).
 
     Workers:
         num_workers: Data-parallel workers (Horovod ranks).
@@ -146,6 +152,7 @@ class TrainConfig:
     image_col: str = setting("image", nonempty=True)
     label_col: str = setting("label", nonempty=True)
     validation_fraction: float = setting(0.1, low=0.0, high=0.5)
+    max_side: int | None = setting(None, low=MIN_SIDE)
 
     num_workers: int = setting(2, low=1)
     engine: str = setting("auto", choices=ENGINES)

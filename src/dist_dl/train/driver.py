@@ -380,6 +380,11 @@ def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
         if not isinstance(data, (str, os.PathLike)):
             raise ValueError(f"data must be a Spark DataFrame or a shards location, "
                              f"got {type(data).__name__}")
+        if cfg.max_side is not None:
+            raise ValueError(f"max_side={cfg.max_side} sets the size a DataFrame's images are "
+                             "stored at, but data is a shards location, read as written: drop "
+                             "max_side, or write the shards with prepare_image_dataset(..., "
+                             f"config=ShardConfig(max_side={cfg.max_side}))")
         val = validation
         if _is_dataframe(val):
             raise ValueError("validation is a DataFrame but data is a shards location: write "
@@ -393,7 +398,8 @@ def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
     return materialise_dataframe(data, validation, output_dir, image_col=cfg.image_col,
                                  label_col=cfg.label_col, classes=cfg.classes, seed=cfg.seed,
                                  num_workers=cfg.num_workers,
-                                 validation_fraction=cfg.validation_fraction)
+                                 validation_fraction=cfg.validation_fraction,
+                                 max_side=cfg.max_side)
 
 
 def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
@@ -438,8 +444,21 @@ def _log_params(client, run_id, cfg: TrainConfig, builder, backend, train_url, v
     })
     for split, counts in rows.items():
         params[f"materialised.{split}.rows_skipped"] = counts["skipped"]
+    params.update(_encoding_params(train_url))
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())],
                      metrics=[Metric("num_workers", cfg.num_workers, _now_ms(), 0)])
+
+
+def _encoding_params(train_url: str) -> dict:
+    """``data.resize_short_side``, ``data.max_side``, ``data.jpeg_quality``:
+    how the training shards' images were stored, from their summary (none
+    for shards without one, or on storage not readable here)."""
+    from dist_dl.prepare.writer import read_summary
+
+    encoding = (read_summary(train_url) or {}).get("encoding")
+    if not isinstance(encoding, dict):
+        return {}
+    return {f"data.{key}": value for key, value in encoding.items()}
 
 
 def _now_ms() -> int:
