@@ -112,7 +112,7 @@ def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
     assert [f.name for f in df.schema.fields] == arrow_schema().names
     # num_epochs=None and one ordered worker: with num_epochs=1, petastorm
     # 0.13.1's thread pool can end the epoch early (see
-    # dist_dl.read.dataset._batch_reader); this reads the first epoch exactly.
+    # dist_dl.read.rows._batch_reader); this reads the first epoch exactly.
     ids = []
     with make_batch_reader("file://" + url, num_epochs=None, workers_count=1,
                            shuffle_row_groups=False) as reader:

@@ -16,16 +16,17 @@ _EXPORTS = {
     "resolve_files": "dist_dl.read.resolve",
     "ShardPlan": "dist_dl.read.plan",
     "ReaderConfig": "dist_dl.read.augment",
-    "choose_reader": "dist_dl.read.dataset",
+    "choose_reader": "dist_dl.read.rows",
 }
 
 # What the names are, for type checkers and the API reference (mkdocstrings);
 # at run time each is imported on first use.
 if TYPE_CHECKING:
     from dist_dl.read.augment import ReaderConfig  # noqa: F401
-    from dist_dl.read.dataset import choose_reader, make_dataset  # noqa: F401
+    from dist_dl.read.dataset import make_dataset  # noqa: F401
     from dist_dl.read.plan import ShardPlan, plan_shards, steps_per_epoch  # noqa: F401
     from dist_dl.read.resolve import resolve_files  # noqa: F401
+    from dist_dl.read.rows import choose_reader  # noqa: F401
 
 __all__ = ["make_dataset", "plan_shards", "steps_per_epoch", "resolve_files", "ShardPlan",
            "ReaderConfig", "choose_reader"]
