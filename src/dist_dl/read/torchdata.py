@@ -58,8 +58,8 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
                 config: ReaderConfig = ReaderConfig(), steps_per_epoch: int | None = None,
                 version: int | None = None, seed: int | None = None, epoch: int = 0,
                 shuffle: bool | None = None, decode: str = "cpu", threads: int | None = None,
-                prefetch: int = 2, with_weights: bool = False, pin_memory: bool = False,
-                device=None) -> "TorchLoader":
+                prefetch: int = 2, with_weights: bool = False, include_source_id: bool = False,
+                pin_memory: bool = False, device=None) -> "TorchLoader":
     """Batches of shard ``rank`` of ``num_workers`` as torch tensors.
 
     Each iteration over the loader is one epoch of exactly ``len(loader)``
@@ -99,13 +99,16 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
         with_weights: Also yield the rows' weights (1.0 for rows read in the
             epoch's first pass over the shard, 0.0 for rows repeated to fill
             the last batches).
+        include_source_id: Also yield the rows' ``source_id`` values (a
+            list of str, last in each batch).
         pin_memory: Put the CPU batches in pinned memory (where CUDA is
             available), for ``tensor.to(device, non_blocking=True)``.
         device: ``decode="gpu"``'s device.
 
     Returns:
-        A :class:`TorchLoader` yielding ``(images, labels)`` or, with
-        ``with_weights``, ``(images, labels, weights)``: images uint8
+        A :class:`TorchLoader` yielding ``(images, labels)``, ``(images,
+        labels, weights)`` with ``with_weights``, and the source ids after
+        them with ``include_source_id``: images uint8
         ``[batch, 3, size, size]`` in channels-last memory, labels int64
         ``[batch]``, weights float32 ``[batch]``; on the CPU, or with
         ``decode="gpu"`` all three on ``device``.
@@ -135,7 +138,8 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
                        steps_per_epoch=steps, training=training, shuffle=shuffle, config=config,
                        seed=seed, epoch=epoch, decode=decode,
                        threads=threads or decode_threads(), prefetch=prefetch,
-                       with_weights=with_weights, pin_memory=pin_memory, device=device)
+                       with_weights=with_weights, include_source_id=include_source_id,
+                       pin_memory=pin_memory, device=device)
 
 
 def _gpu_device(device):
@@ -165,14 +169,15 @@ class TorchLoader:
 
     def __init__(self, passes, *, rank, num_workers, batch_size, steps_per_epoch, training,
                  shuffle, config, seed, epoch, decode, threads, prefetch, with_weights,
-                 pin_memory, device):
+                 include_source_id, pin_memory, device):
         self._passes = passes
         self._rank, self._num_workers, self._batch_size = rank, num_workers, batch_size
         self.steps_per_epoch = steps_per_epoch
         self.epoch = epoch
         self._training, self._shuffle, self._config, self._seed = training, shuffle, config, seed
         self._decode, self._threads, self._prefetch = decode, threads, prefetch
-        self._with_weights, self._pin_memory, self._device = with_weights, pin_memory, device
+        self._with_weights, self._include_source_id = with_weights, include_source_id
+        self._pin_memory, self._device = pin_memory, device
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -189,13 +194,13 @@ class TorchLoader:
         return self._batches(epoch)
 
     def _rows(self, epoch, rng):
-        """``(jpeg, label, weight)`` of the epoch's rows, shuffled if shuffling."""
+        """``(jpeg, label, weight, source_id)`` of the epoch's rows, shuffled
+        if shuffling."""
         target = self.steps_per_epoch * self._batch_size
         chunks = epoch_rows(self._passes(epoch), self._rank, self._num_workers, target,
                             epoch=epoch)
         with contextlib.closing(chunks):
-            rows = (row for images, labels, weights, _ in chunks
-                    for row in zip(images, labels, weights))
+            rows = (row for chunk in chunks for row in zip(*chunk))
             yield from (_shuffled(rows, self._config.shuffle_buffer, rng) if self._shuffle
                         else rows)
 
@@ -210,26 +215,26 @@ class TorchLoader:
             pending = collections.deque()
             for _ in range(self.steps_per_epoch):
                 batch = list(itertools.islice(rows, self._batch_size))
-                jpegs = [jpeg for jpeg, _, _ in batch]
-                labels = np.array([label for _, label, _ in batch], np.int64)
-                weights = np.array([weight for _, _, weight in batch], np.float32)
+                jpegs, labels, weights, ids = zip(*batch)
+                labels, weights = np.array(labels, np.int64), np.array(weights, np.float32)
+                ids = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
                 draws = crop_draws(rng, len(batch)) if self._training else None
                 flips = (rng.random(len(batch)) < 0.5 if self._training and self._config.flip
                          else np.zeros(len(batch), bool))
                 if self._decode == "gpu":
-                    yield self._batch(self._gpu_images(jpegs, draws, flips), labels, weights)
+                    yield self._batch(self._gpu_images(jpegs, draws, flips), labels, weights, ids)
                     continue
                 out = np.empty((len(batch), size, size, 3), np.uint8)
                 jobs = [pool.submit(decode_into, out[i], jpeg, self._config,
                                     None if draws is None else draws[i], bool(flips[i]))
                         for i, jpeg in enumerate(jpegs)]
-                pending.append((jobs, out, labels, weights))
+                pending.append((jobs, out, labels, weights, ids))
                 if len(pending) > self._prefetch:
                     yield self._cpu_batch(*pending.popleft())
             while pending:
                 yield self._cpu_batch(*pending.popleft())
 
-    def _cpu_batch(self, jobs, out, labels, weights):
+    def _cpu_batch(self, jobs, out, labels, weights, ids):
         import torch
 
         for job in jobs:
@@ -237,9 +242,9 @@ class TorchLoader:
         images = torch.from_numpy(out)
         if self._pin_memory and torch.cuda.is_available():
             images = images.pin_memory()
-        return self._batch(images.permute(0, 3, 1, 2), labels, weights)
+        return self._batch(images.permute(0, 3, 1, 2), labels, weights, ids)
 
-    def _batch(self, images, labels, weights):
+    def _batch(self, images, labels, weights, ids):
         import torch
 
         labels, weights = torch.from_numpy(labels), torch.from_numpy(weights)
@@ -248,7 +253,8 @@ class TorchLoader:
             weights = weights.to(self._device, non_blocking=True)
         elif self._pin_memory and torch.cuda.is_available():
             labels, weights = labels.pin_memory(), weights.pin_memory()
-        return (images, labels, weights) if self._with_weights else (images, labels)
+        batch = (images, labels, weights) if self._with_weights else (images, labels)
+        return batch + (ids,) if self._include_source_id else batch
 
     def _gpu_images(self, jpegs, draws, flips):
         """The batch decoded, cropped, resized and flipped on the GPU.
