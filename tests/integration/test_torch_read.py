@@ -5,7 +5,6 @@ transforms against the TensorFlow reader's on the same photographs; and the
 torch path in a Python without TensorFlow."""
 from __future__ import annotations
 
-import collections
 import dataclasses
 import io
 import subprocess
@@ -18,10 +17,10 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed in this profile (the `torch` extra: "
                                     "profiles dbr-16.4-ml and dbr-17.3-ml)")
 
-from imagedata import write_imagenet_tree  # noqa: E402
+from imagedata import seen_once, write_tree_shards  # noqa: E402
 from no_tensorflow import env_without_tensorflow  # noqa: E402
 
-from dist_dl.prepare import ShardConfig, load_label_index, prepare_image_dataset  # noqa: E402
+from dist_dl.prepare import load_label_index  # noqa: E402
 from dist_dl.read import Normalize, ReaderConfig, make_loader, steps_per_epoch  # noqa: E402
 
 pytestmark = pytest.mark.profile_subset_164
@@ -34,14 +33,7 @@ NEEDS_TF = "the comparison with the TensorFlow reader needs TensorFlow (profile 
 def shards(tmp_path_factory):
     """An ImageNet-layout tree (15 images, 3 classes) as Parquet shards of
     2-row row groups, written through Spark."""
-    from dist_dl.core.session import get_spark
-
-    base = tmp_path_factory.mktemp("tree")
-    written = write_imagenet_tree(str(base / "train"), per_class=5)
-    prepare_image_dataset(str(base / "shards"), image_dir=str(base / "train"),
-                          config=ShardConfig(rows_per_row_group=2),
-                          spark=get_spark("local[2]", replace=True))
-    return str(base / "shards"), written
+    return write_tree_shards(str(tmp_path_factory.mktemp("tree")))
 
 
 def _epochs(loader, count):
@@ -53,15 +45,7 @@ def _epochs(loader, count):
 
 def _once(batches):
     """source_id -> label of the rows with weight 1, each seen once."""
-    seen = collections.Counter()
-    labels = {}
-    for _, ys, ws, ids in batches:
-        for sid, y, w in zip(ids, ys, ws):
-            if w == 1:
-                seen[sid] += 1
-                labels[sid] = int(y)
-    assert set(seen.values()) == {1}, seen
-    return labels
+    return seen_once((sid, y, w) for _, ys, ws, ids in batches for sid, y, w in zip(ids, ys, ws))
 
 
 @pytest.mark.timeout(300)
