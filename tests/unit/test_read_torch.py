@@ -1,7 +1,8 @@
 """The torch loader's parts that need no torch: argument errors (raised
 before torch is imported or a file is read), the crop windows, Pillow's
-decode into a batch slot, the decoding threads. The loader on real shards,
-and against the TensorFlow reader: tests/integration/test_torch_read.py."""
+decode into a batch slot, the decoding threads; and, where torch is
+installed, the error for an image that does not decode. The loader on real
+shards, and against the TensorFlow reader: tests/integration/test_torch_read.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -116,3 +117,21 @@ def test_decoding_threads_are_the_worker_s_share_of_the_cores():
     shared = {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1",
               "DIST_DL_HOST_SHARE": f"1/{cores * 2}"}
     assert decode_threads(shared) == 1
+
+
+def test_an_image_that_does_not_decode_is_named_by_its_row(tmp_path):
+    pytest.importorskip("torch", reason="iterating the loader makes torch tensors")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dist_dl.prepare.schema import arrow_schema
+
+    good = _jpeg(np.full((20, 20, 3), 90, np.uint8))
+    rows = {"image": [good, b"not a jpeg"], "label": [0, 1], "label_name": ["a", "b"],
+            "source_id": ["good.jpg", "broken.jpg"], "height": [20, 0], "width": [20, 0]}
+    pq.write_table(pa.table(rows, schema=arrow_schema()), tmp_path / "part-0.parquet")
+    loader = make_loader(str(tmp_path), 0, 1, 2, training=False,
+                         config=ReaderConfig(image_size=8, reader="arrow"))
+    with pytest.raises(ValueError, match="rank 0: the image of row 'broken.jpg' does not decode "
+                                         r"\(UnidentifiedImageError"):
+        next(iter(loader))

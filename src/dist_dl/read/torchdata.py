@@ -237,8 +237,12 @@ class TorchLoader:
     def _cpu_batch(self, jobs, out, labels, weights, ids):
         import torch
 
-        for job in jobs:
-            job.result()
+        for job, source_id in zip(jobs, ids):
+            try:
+                job.result()
+            except Exception as exc:
+                raise ValueError(f"rank {self._rank}: the image of row {source_id!r} does not "
+                                 f"decode ({type(exc).__name__}: {exc})") from exc
         images = torch.from_numpy(out)
         if self._pin_memory and torch.cuda.is_available():
             images = images.pin_memory()
