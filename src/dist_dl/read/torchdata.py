@@ -149,7 +149,7 @@ def _gpu_device(device):
         raise ImportError(
             f"decode='gpu' needs torchvision (its CUDA JPEG decoder, torchvision.io.decode_jpeg), "
             f"which does not import here ({exc}): pip install torchvision, the build made for "
-            "this torch (Databricks Runtime ML GPU images ship it); or use decode='cpu'") from exc
+            "this torch; or use decode='cpu'") from exc
     import torch
 
     if not torch.cuda.is_available():
