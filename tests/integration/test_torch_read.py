@@ -168,12 +168,13 @@ def test_train_crops_are_drawn_as_the_tensorflow_reader_draws_them():
         for name, stat in (("area", lambda hw: hw[:, 0] * hw[:, 1] / (height * width)),
                            ("aspect ratio", lambda hw: hw[:, 1] / hw[:, 0])):
             a, b = stat(ours), stat(theirs)
-            # 2000 draws: the standard error of a mean or a decile is about
-            # 0.005 here (areas spread 0.1 to 0.9, ratios 0.75 to 1.33).
+            # 2000 draws (TensorFlow's differ from run to run): between
+            # samples of either, the means moved by up to 0.01 and the
+            # deciles by up to 0.02 (4 seeds each, both shapes). The extremes
+            # of a sample vary more; the unit tests check the ranges.
             assert abs(a.mean() - b.mean()) < 0.03, (name, a.mean(), b.mean())
             assert np.allclose(np.percentile(a, [10, 50, 90]), np.percentile(b, [10, 50, 90]),
                                atol=0.05), name
-            assert a.min() >= b.min() - 0.02 and a.max() <= b.max() + 0.02, name
 
 
 _WITHOUT_TF = """
