@@ -85,7 +85,7 @@ def test_reader_benchmark_runs_tiny_and_writes_its_keys(tmp_path):
         capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     written = json.loads(results.read_text())
-    from dist_dl.read.dataset import choose_reader
+    from dist_dl.read.rows import choose_reader
 
     auto = choose_reader("auto")
     assert written["reader_ratio"]["reader"] == auto

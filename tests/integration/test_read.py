@@ -2,7 +2,6 @@
 each reading test with both readers (Petastorm and arrow)."""
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import shutil
@@ -14,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from imagedata import write_imagenet_tree
+from imagedata import seen_once, write_imagenet_tree, write_tree_shards
 
 from dist_dl.prepare import ShardConfig, load_label_index, make_synthetic_images, \
     prepare_image_dataset
@@ -41,28 +40,13 @@ def _epoch(url, rank, size, batch, reader, num_epochs=1, config=SMALL, **kwargs)
 
 def _seen_once(batches):
     """source_id -> label of rows with weight 1, checking each is seen once."""
-    seen = collections.Counter()
-    labels = {}
-    for _, ids, ys, ws in batches:
-        for sid, y, w in zip(ids, ys, ws):
-            if w == 1:
-                seen[sid.decode()] += 1
-                labels[sid.decode()] = int(y)
-    assert set(seen.values()) == {1}, seen
-    return labels
+    return seen_once((sid, y, w) for _, ids, ys, ws in batches for sid, y, w in zip(ids, ys, ws))
 
 
 @pytest.fixture(scope="module")
 def tree_shards(tmp_path_factory):
     """An ImageNet-layout tree written as Parquet shards through Spark."""
-    from dist_dl.core.session import get_spark
-
-    base = tmp_path_factory.mktemp("tree")
-    written = write_imagenet_tree(str(base / "train"), per_class=5)
-    prepare_image_dataset(str(base / "shards"), image_dir=str(base / "train"),
-                          config=ShardConfig(rows_per_row_group=2),
-                          spark=get_spark("local[2]", replace=True))
-    return str(base / "shards"), written
+    return write_tree_shards(str(tmp_path_factory.mktemp("tree")))
 
 
 @pytest.mark.profile_subset
@@ -112,7 +96,7 @@ def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
     assert [f.name for f in df.schema.fields] == arrow_schema().names
     # num_epochs=None and one ordered worker: with num_epochs=1, petastorm
     # 0.13.1's thread pool can end the epoch early (see
-    # dist_dl.read.dataset._batch_reader); this reads the first epoch exactly.
+    # dist_dl.read.rows._batch_reader); this reads the first epoch exactly.
     ids = []
     with make_batch_reader("file://" + url, num_epochs=None, workers_count=1,
                            shuffle_row_groups=False) as reader:

@@ -22,6 +22,7 @@ pytest.importorskip("torch", reason="torch is not installed in this profile (the
 
 import cloudpickle  # noqa: E402
 import psutil  # noqa: E402
+from no_tensorflow import env_without_tensorflow  # noqa: E402
 
 from dist_dl import JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError  # noqa: E402
 
@@ -246,47 +247,6 @@ def test_slots_and_gpu_settings_are_checked_before_the_stage(spark):
     assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs  # no stage started
 
 
-# sitecustomize for a Python without TensorFlow and Keras: sys.path's finder
-# leaves them out (as if not installed); the sitecustomize it shadows still runs.
-WITHOUT_TENSORFLOW = """
-import importlib.machinery
-import importlib.util
-import os
-import sys
-
-
-def _hidden(name):
-    name = name.lower().replace("_", "-")
-    return name.startswith("tensorflow") or name in ("keras", "tf-keras")
-
-
-class _NoTensorFlow:
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if _hidden(name.split(".")[0]):
-            return None
-        return importlib.machinery.PathFinder.find_spec(name, path, target)
-
-    @classmethod
-    def find_distributions(cls, *args, **kwargs):
-        return (d for d in importlib.machinery.PathFinder.find_distributions(*args, **kwargs)
-                if not _hidden(d.metadata["Name"] or ""))
-
-    @classmethod
-    def invalidate_caches(cls):
-        importlib.machinery.PathFinder.invalidate_caches()
-
-
-sys.meta_path[:] = [_NoTensorFlow if f is importlib.machinery.PathFinder else f
-                    for f in sys.meta_path]
-_here = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
-if _spec is not None:
-    _module = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_module)
-"""
-
 JOB_WITHOUT_TENSORFLOW = """
 import sys
 
@@ -313,10 +273,8 @@ print("loaded", sorted({m.split(".")[0] for m in sys.modules} & {"tensorflow", "
 
 @pytest.mark.timeout(120)
 def test_the_local_mode_needs_no_tensorflow_and_no_spark(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
+    env = env_without_tensorflow(tmp_path)
     (tmp_path / "job.py").write_text(JOB_WITHOUT_TENSORFLOW)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     check = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert "No module named 'tensorflow'" in check.stderr

@@ -61,3 +61,33 @@ def sample_photo() -> Image.Image:
     from sklearn.datasets import load_sample_images
 
     return Image.fromarray(load_sample_images().images[0])
+
+
+def write_tree_shards(base: str, per_class: int = 5) -> tuple[str, dict[str, str]]:
+    """An ImageNet-layout tree under ``<base>/train`` written as Parquet shards
+    of 2-row row groups through Spark (``local[2]``) to ``<base>/shards``;
+    returns (the shards' folder, {source_id: wnid})."""
+    from dist_dl.core.session import get_spark
+    from dist_dl.prepare import ShardConfig, prepare_image_dataset
+
+    written = write_imagenet_tree(os.path.join(base, "train"), per_class=per_class)
+    prepare_image_dataset(os.path.join(base, "shards"), image_dir=os.path.join(base, "train"),
+                          config=ShardConfig(rows_per_row_group=2),
+                          spark=get_spark("local[2]", replace=True))
+    return os.path.join(base, "shards"), written
+
+
+def seen_once(rows) -> dict[str, int]:
+    """source_id -> label of the rows of weight 1 among ``rows`` (``(source_id,
+    label, weight)``, ids as str or bytes), checking that each is seen once."""
+    import collections
+
+    seen = collections.Counter()
+    labels = {}
+    for sid, label, weight in rows:
+        if weight == 1:
+            sid = sid.decode() if isinstance(sid, bytes) else sid
+            seen[sid] += 1
+            labels[sid] = int(label)
+    assert set(seen.values()) == {1}, seen
+    return labels

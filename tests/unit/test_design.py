@@ -289,6 +289,9 @@ def test_the_layer_checks_find_what_goes_against_them(tmp_path):
 WORKER_MODULES = {
     "dist_dl.read.arrow": ("tensorflow", "mlflow", "pyspark", "petastorm"),
     "dist_dl.read.dataset": ("tensorflow", "mlflow", "pyspark", "petastorm"),
+    "dist_dl.read.rows": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
+    "dist_dl.read.imaging": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
+    "dist_dl.read.torchdata": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.launch._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.launch.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.train.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),

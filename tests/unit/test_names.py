@@ -54,8 +54,8 @@ def _public_objects():
     for name in PUBLIC_MODULES:
         module = importlib.import_module(name)
         for attr in getattr(module, "__all__", ()):
-            if attr == "MlflowEpochLogger":
-                continue  # a Keras callback defined on first use (imports Keras)
+            if attr in ("MlflowEpochLogger", "Normalize"):
+                continue  # a Keras callback, a torch module: defined on first use (import them)
             value = getattr(module, attr)
             if callable(value):
                 seen.setdefault(f"{name}.{attr}", value)

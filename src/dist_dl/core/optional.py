@@ -21,7 +21,7 @@ PACKAGES = {
     "sklearn": ("scikit-learn>=1.3", "samples"),
     "deltalake": ("deltalake>=1.0", "delta"),
     "optuna": ("optuna>=3.4", None),
-    # Imported by the reader itself (read.dataset.choose_reader), which falls
+    # Imported by the reader itself (read.rows.choose_reader), which falls
     # back to pyarrow under reader="auto"; listed so setup.py is checked.
     "petastorm": ("petastorm>=0.12.1", "petastorm"),
 }

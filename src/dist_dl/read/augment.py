@@ -9,9 +9,17 @@ from dataclasses import dataclass
 
 from dist_dl.core.settings import checked, setting
 
-__all__ = ["ReaderConfig", "train_transform", "eval_transform", "READERS"]
+__all__ = ["ReaderConfig", "train_transform", "eval_transform", "eval_window", "READERS",
+           "CROP_ATTEMPTS", "MIN_OBJECT_COVERED"]
 
 READERS = ("auto", "petastorm", "arrow")
+# The random resized crop: tries this many (aspect ratio, size, place) draws
+# and falls back to the whole image; a crop keeps at least this fraction of
+# the image (sample_distorted_bounding_box's min_object_covered with the whole
+# image as the box), so the crops' area fraction starts at
+# max(area_range[0], MIN_OBJECT_COVERED).
+CROP_ATTEMPTS = 10
+MIN_OBJECT_COVERED = 0.1
 
 
 def _numbers(values: tuple, count: int) -> bool:
@@ -83,9 +91,9 @@ def train_transform(jpeg, config: ReaderConfig):
     shape = tf.io.extract_jpeg_shape(jpeg)
     whole = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, shape=[1, 1, 4])
     begin, size, _ = tf.image.sample_distorted_bounding_box(
-        shape, bounding_boxes=whole, min_object_covered=0.1,
+        shape, bounding_boxes=whole, min_object_covered=MIN_OBJECT_COVERED,
         aspect_ratio_range=config.aspect_ratio_range, area_range=config.area_range,
-        max_attempts=10, use_image_if_no_bounding_boxes=True)
+        max_attempts=CROP_ATTEMPTS, use_image_if_no_bounding_boxes=True)
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
     image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
     image = tf.image.resize(image, [config.image_size, config.image_size], method="bilinear")
@@ -103,11 +111,26 @@ def eval_transform(jpeg, config: ReaderConfig):
     import tensorflow as tf
 
     shape = tf.io.extract_jpeg_shape(jpeg)
-    height, width = shape[0], shape[1]
-    side = tf.cast(tf.cast(tf.minimum(height, width), tf.float32) * config.eval_crop_fraction,
-                   tf.int32)
-    side = tf.maximum(side, 1)
-    window = tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
+    window = tf.stack(eval_window(shape[0], shape[1], config))
     image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
     image = tf.image.resize(image, [config.image_size, config.image_size], method="bilinear")
     return _normalise(image, config)
+
+
+def eval_window(height, width, config: ReaderConfig):
+    """``(top, left, side, side)``: the evaluation crop of a ``height`` x
+    ``width`` image, the central square of ``eval_crop_fraction`` of the short
+    side (at least one pixel). Plain ints in, plain ints out; TensorFlow
+    integer tensors in, tensors out (the TensorFlow reader's graph)."""
+    if isinstance(height, int) and isinstance(width, int):
+        import numpy as np
+
+        # In float32, as the graph computes it, so both give the same side.
+        side = max(1, int(np.float32(min(height, width)) * np.float32(config.eval_crop_fraction)))
+    else:
+        import tensorflow as tf
+
+        side = tf.cast(tf.cast(tf.minimum(height, width), tf.float32) * config.eval_crop_fraction,
+                       tf.int32)
+        side = tf.maximum(side, 1)
+    return (height - side + 1) // 2, (width - side + 1) // 2, side, side

@@ -1,0 +1,125 @@
+"""JPEG bytes to uint8 RGB pixels with Pillow: the TensorFlow reader's train
+and eval transforms, without TensorFlow (worker side).
+
+- Evaluation: the central square of ``eval_crop_fraction`` of the short side
+  (:func:`~dist_dl.read.augment.eval_window`, the same window as the
+  TensorFlow reader), resized to ``image_size``.
+- Training: a random resized crop drawn as TensorFlow's
+  ``sample_distorted_bounding_box`` draws it with the whole image as the box
+  (:func:`train_window`), resized to ``image_size``, flipped left-right with
+  probability 1/2 (``config.flip``).
+
+Pillow decodes with JPEG draft mode where the crop is at least twice the
+output size: libjpeg then decodes at 1/2, 1/4 or 1/8 scale in the DCT, which
+is most of the saving for small crops of large photographs. Resizing is
+Pillow's bilinear filter, which averages over the whole footprint when it
+shrinks (antialiased); ``tf.image.resize`` samples 2 x 2 pixels. The
+pixels thus differ slightly from the TensorFlow reader's (measured in
+tests/integration/test_torch_read.py). Pillow releases the GIL while it
+decodes and resizes, so threads decode in parallel.
+
+Imports Pillow and numpy only.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+from dist_dl.read.augment import CROP_ATTEMPTS, MIN_OBJECT_COVERED, ReaderConfig, eval_window
+
+__all__ = ["train_window", "crop_draws", "decode_into", "DRAWS_PER_ATTEMPT"]
+
+# Uniform numbers in [0, 1) one crop attempt uses: aspect ratio, height, top, left.
+DRAWS_PER_ATTEMPT = 4
+
+
+def crop_draws(rng, count: int):
+    """The uniform numbers ``count`` train crops take, ``[count, CROP_ATTEMPTS,
+    DRAWS_PER_ATTEMPT]``, from a ``numpy.random.Generator``."""
+    return rng.random((count, CROP_ATTEMPTS, DRAWS_PER_ATTEMPT))
+
+
+def _pick(u: float, count: int) -> int:
+    """An int in ``[0, count)`` from a uniform ``u`` in [0, 1)."""
+    return min(count - 1, int(u * count))
+
+
+def train_window(height: int, width: int, draws, config: ReaderConfig):
+    """``(top, left, crop_height, crop_width)`` of a random resized crop.
+
+    The distribution of ``sample_distorted_bounding_box`` (TensorFlow's
+    kernel, as the TensorFlow reader calls it, with the whole image as the
+    bounding box): each attempt draws an aspect ratio (width / height)
+    uniformly from ``aspect_ratio_range``, a height uniformly among the
+    integers whose crops can cover ``area_range`` of the image, the width
+    from the two, and a place uniformly; it is kept if its area lies in
+    ``area_range``, covers at least ``MIN_OBJECT_COVERED`` of the image and
+    fits. After ``CROP_ATTEMPTS`` rejected attempts the crop is the whole
+    image.
+
+    Args:
+        draws: ``[CROP_ATTEMPTS, DRAWS_PER_ATTEMPT]`` uniforms in [0, 1) (one
+            row of :func:`crop_draws`).
+    """
+    low_ratio, high_ratio = config.aspect_ratio_range
+    image_area = float(height * width)
+    min_area = config.area_range[0] * image_area
+    max_area = config.area_range[1] * image_area
+    for u_ratio, u_height, u_top, u_left in draws:
+        ratio = low_ratio + u_ratio * (high_ratio - low_ratio)
+        crop_h = round(math.sqrt(min_area / ratio))
+        max_h = round(math.sqrt(max_area / ratio))
+        if round(max_h * ratio) > width:
+            # The largest height whose rounded width still fits.
+            max_h = int((width + 0.5 - 1e-7) / ratio)
+            if round(max_h * ratio) > width:
+                max_h -= 1
+        max_h = min(max_h, height)
+        crop_h = min(crop_h, max_h)
+        if crop_h < max_h:
+            crop_h += _pick(u_height, max_h - crop_h + 1)
+        crop_w = round(crop_h * ratio)
+        if crop_w * crop_h < min_area:
+            crop_h += 1
+            crop_w = round(crop_h * ratio)
+        area = crop_w * crop_h
+        if not (min_area <= area <= max_area and 0 < crop_w <= width and 0 < crop_h <= height):
+            continue
+        if area < MIN_OBJECT_COVERED * image_area:
+            continue
+        return (_pick(u_top, height - crop_h + 1), _pick(u_left, width - crop_w + 1),
+                crop_h, crop_w)
+    return 0, 0, height, width
+
+
+def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool = False) -> None:
+    """Decode ``jpeg``, crop, resize to ``out``'s size and write the RGB pixels
+    into ``out`` (a uint8 ``[size, size, 3]`` array or view).
+
+    Args:
+        draws: The train crop's uniforms (:func:`train_window`); None: the
+            evaluation crop.
+        flip: Flip left-right.
+    """
+    import numpy as np
+    from PIL import Image
+
+    size = out.shape[0]
+    with Image.open(io.BytesIO(jpeg)) as image:
+        width, height = image.size
+        top, left, crop_h, crop_w = (eval_window(height, width, config) if draws is None
+                                     else train_window(height, width, draws, config))
+        scale = 1.0
+        if image.format == "JPEG":
+            # The largest DCT reduction that keeps the crop at least ``size``
+            # pixels on each side; draft() only ever shrinks. It returns the
+            # whole image's box at the reduced scale (1/1, 1/2, 1/4 or 1/8).
+            drafted = image.draft("RGB", (max(1, width * size // crop_w),
+                                          max(1, height * size // crop_h)))
+            if drafted is not None:
+                scale = drafted[1][2] / width
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        box = (left * scale, top * scale, (left + crop_w) * scale, (top + crop_h) * scale)
+        pixels = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
+    out[...] = pixels[:, ::-1] if flip else pixels

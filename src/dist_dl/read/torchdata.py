@@ -1,0 +1,335 @@
+"""``make_loader``: one rank's shard as torch batches (worker side).
+
+The same plan, rows and transforms as :func:`~dist_dl.read.make_dataset`
+(:mod:`dist_dl.read.rows`, the transforms of :mod:`dist_dl.read.imaging`),
+without TensorFlow: every rank yields ``steps_per_epoch`` batches per epoch,
+and all ranks together read every row once per epoch with weight 1.
+
+Images leave the loader as uint8 ``[batch, 3, size, size]`` (NCHW shape,
+channels-last memory: a view of the ``[batch, size, size, 3]`` array the
+decoders wrote): a quarter of float32's bytes to copy to the GPU, and no CPU
+time spent on normalising. The model normalises as its first step, on its
+device (:class:`Normalize`).
+
+Imports torch only when a loader is made or iterated (its argument errors
+come first, from plain Python), and never TensorFlow.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from dist_dl.core.lazy import lazy_attributes
+from dist_dl.core.placement import host_share, launcher_place
+from dist_dl.read.augment import ReaderConfig, eval_window
+from dist_dl.read.imaging import crop_draws, decode_into, train_window
+from dist_dl.read.rows import choose_reader, epoch_rows, rank_passes, rank_plan
+
+__all__ = ["make_loader", "TorchLoader", "Normalize", "decode_threads", "DECODES"]
+
+DECODES = ("cpu", "gpu")
+
+
+def decode_threads(environ=None) -> int:
+    """Threads that decode JPEGs in one worker: its share of the host's cores.
+
+    ``OMP_NUM_THREADS`` where set (the library's launchers set it to each
+    worker's share, ``threads_per_worker``), else the cores this process may
+    run on divided among the job's workers on this host
+    (:func:`~dist_dl.core.placement.host_share`; 1 worker outside a job).
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    place = launcher_place(environ)
+    workers = 1 if place is None else host_share(environ, place)[1]
+    return max(1, cores // max(1, workers))
+
+
+def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: bool = True,
+                config: ReaderConfig = ReaderConfig(), steps_per_epoch: int | None = None,
+                version: int | None = None, seed: int | None = None, epoch: int = 0,
+                shuffle: bool | None = None, decode: str = "cpu", threads: int | None = None,
+                prefetch: int = 2, with_weights: bool = False, include_source_id: bool = False,
+                pin_memory: bool = False, device=None) -> "TorchLoader":
+    """Batches of shard ``rank`` of ``num_workers`` as torch tensors.
+
+    Each iteration over the loader is one epoch of exactly ``len(loader)``
+    (``steps_per_epoch``) batches; the first is epoch ``epoch``, each next
+    iteration the epoch after, and :meth:`TorchLoader.set_epoch` chooses the
+    next one (as ``DistributedSampler.set_epoch`` does; a resumed run passes
+    its first epoch). The rows of a rank and epoch are those
+    :func:`~dist_dl.read.make_dataset` gives it with the arrow reader and the
+    same ``seed`` (the row-group order of epoch ``e`` drawn from ``(seed,
+    e)``); the order of rows within the epoch comes from a shuffle buffer of
+    ``config.shuffle_buffer`` rows drawn from ``(seed, epoch, rank)``, filled
+    and emptied within each epoch.
+
+    Args:
+        url: Dataset folder, Delta table or URL, or a list of Parquet file URLs.
+        rank: This worker's rank, in ``[0, num_workers)`` (``RANK``).
+        num_workers: Number of workers (``WORLD_SIZE``).
+        batch_size: Rows per batch on this rank.
+        training: True: random resized crop and flip, shuffled (unless
+            ``shuffle=False``); False: the centre crop, in the plan's order.
+        config: Transform and reader settings (:class:`~dist_dl.read.ReaderConfig`;
+            ``mean`` and ``std`` are :class:`Normalize`'s).
+        steps_per_epoch: Batches per epoch; default the plan's
+            (:func:`~dist_dl.read.plan_shards`, policy "pad"). Pass the
+            driver's figure to skip reading the footers.
+        version: Delta table version (default latest).
+        seed: Seed of the row-group orders, the shuffle buffer and the crops;
+            None draws fresh ones.
+        epoch: The first epoch an iteration yields.
+        shuffle: Shuffle row groups and rows (default ``training``).
+        decode: ``"cpu"``: Pillow in ``threads`` threads. ``"gpu"``:
+            torchvision's JPEG decoder on the CUDA device ``device`` (default
+            the current one), the crop, resize and flip there too; needs
+            torchvision and a GPU.
+        threads: Decoding threads (``"cpu"``); default :func:`decode_threads`.
+        prefetch: Batches decoded ahead of the one yielded (``"cpu"``).
+        with_weights: Also yield the rows' weights (1.0 for rows read in the
+            epoch's first pass over the shard, 0.0 for rows repeated to fill
+            the last batches).
+        include_source_id: Also yield the rows' ``source_id`` values (a
+            list of str, last in each batch).
+        pin_memory: Put the CPU batches in pinned memory (where CUDA is
+            available), for ``tensor.to(device, non_blocking=True)``.
+        device: ``decode="gpu"``'s device.
+
+    Returns:
+        A :class:`TorchLoader` yielding ``(images, labels)``, ``(images,
+        labels, weights)`` with ``with_weights``, and the source ids after
+        them with ``include_source_id``: images uint8
+        ``[batch, 3, size, size]`` in channels-last memory, labels int64
+        ``[batch]``, weights float32 ``[batch]``; on the CPU, or with
+        ``decode="gpu"`` all three on ``device``.
+
+    Raises:
+        ValueError: an argument out of range (before any file is read), or
+            the plan's errors (see :func:`~dist_dl.read.plan_shards`).
+        ImportError: ``decode="gpu"`` where torchvision does not import.
+    """
+    if decode not in DECODES:
+        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
+    for name, value in (("threads", threads), ("prefetch", prefetch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+    if decode == "gpu":
+        device = _gpu_device(device)
+    files, steps = rank_plan(url, rank, num_workers, batch_size, config=config,
+                             steps_per_epoch=steps_per_epoch, version=version,
+                             initial_epoch=epoch)
+    shuffle = training if shuffle is None else bool(shuffle)
+    passes = rank_passes(files, rank, num_workers, reader=choose_reader(config.reader),
+                         threads=config.reader_threads, shuffle=shuffle, seed=seed)
+    return TorchLoader(passes, rank=rank, num_workers=num_workers, batch_size=batch_size,
+                       steps_per_epoch=steps, training=training, shuffle=shuffle, config=config,
+                       seed=seed, epoch=epoch, decode=decode,
+                       threads=threads or decode_threads(), prefetch=prefetch,
+                       with_weights=with_weights, include_source_id=include_source_id,
+                       pin_memory=pin_memory, device=device)
+
+
+def _gpu_device(device):
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"decode='gpu' needs torchvision (its CUDA JPEG decoder, torchvision.io.decode_jpeg), "
+            f"which does not import here ({exc}): pip install torchvision, the build made for "
+            "this torch; or use decode='cpu'") from exc
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("decode='gpu' needs a CUDA GPU, and torch sees none here: use "
+                         "decode='cpu'")
+    return torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+
+
+class TorchLoader:
+    """One rank's batches, an epoch per iteration (made by :func:`make_loader`).
+
+    Attributes:
+        steps_per_epoch: Batches per epoch (also ``len(loader)``).
+        epoch: The epoch the next iteration yields.
+    """
+
+    def __init__(self, passes, *, rank, num_workers, batch_size, steps_per_epoch, training,
+                 shuffle, config, seed, epoch, decode, threads, prefetch, with_weights,
+                 include_source_id, pin_memory, device):
+        self._passes = passes
+        self._rank, self._num_workers, self._batch_size = rank, num_workers, batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self.epoch = epoch
+        self._training, self._shuffle, self._config, self._seed = training, shuffle, config, seed
+        self._decode, self._threads, self._prefetch = decode, threads, prefetch
+        self._with_weights, self._include_source_id = with_weights, include_source_id
+        self._pin_memory, self._device = pin_memory, device
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch``."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def __iter__(self):
+        epoch = self.epoch
+        self.epoch += 1
+        return self._batches(epoch)
+
+    def _rows(self, epoch, rng):
+        """``(jpeg, label, weight, source_id)`` of the epoch's rows, shuffled
+        if shuffling."""
+        target = self.steps_per_epoch * self._batch_size
+        chunks = epoch_rows(self._passes(epoch), self._rank, self._num_workers, target,
+                            epoch=epoch)
+        with contextlib.closing(chunks):
+            rows = (row for chunk in chunks for row in zip(*chunk))
+            yield from (_shuffled(rows, self._config.shuffle_buffer, rng) if self._shuffle
+                        else rows)
+
+    def _batches(self, epoch):
+        import numpy as np
+
+        entropy = None if self._seed is None else [self._seed % 2**32, epoch, self._rank]
+        rng = np.random.default_rng(entropy)
+        rows = self._rows(epoch, rng)
+        size = self._config.image_size
+        with contextlib.closing(rows), ThreadPoolExecutor(self._threads) as pool:
+            pending = collections.deque()
+            for _ in range(self.steps_per_epoch):
+                batch = list(itertools.islice(rows, self._batch_size))
+                jpegs, labels, weights, ids = zip(*batch)
+                labels, weights = np.array(labels, np.int64), np.array(weights, np.float32)
+                ids = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+                draws = crop_draws(rng, len(batch)) if self._training else None
+                flips = (rng.random(len(batch)) < 0.5 if self._training and self._config.flip
+                         else np.zeros(len(batch), bool))
+                if self._decode == "gpu":
+                    yield self._batch(self._gpu_images(jpegs, draws, flips), labels, weights, ids)
+                    continue
+                out = np.empty((len(batch), size, size, 3), np.uint8)
+                jobs = [pool.submit(decode_into, out[i], jpeg, self._config,
+                                    None if draws is None else draws[i], bool(flips[i]))
+                        for i, jpeg in enumerate(jpegs)]
+                pending.append((jobs, out, labels, weights, ids))
+                if len(pending) > self._prefetch:
+                    yield self._cpu_batch(*pending.popleft())
+            while pending:
+                yield self._cpu_batch(*pending.popleft())
+
+    def _cpu_batch(self, jobs, out, labels, weights, ids):
+        import torch
+
+        for job, source_id in zip(jobs, ids):
+            try:
+                job.result()
+            except Exception as exc:
+                raise ValueError(f"rank {self._rank}: the image of row {source_id!r} does not "
+                                 f"decode ({type(exc).__name__}: {exc})") from exc
+        images = torch.from_numpy(out)
+        if self._pin_memory and torch.cuda.is_available():
+            images = images.pin_memory()
+        return self._batch(images.permute(0, 3, 1, 2), labels, weights, ids)
+
+    def _batch(self, images, labels, weights, ids):
+        import torch
+
+        labels, weights = torch.from_numpy(labels), torch.from_numpy(weights)
+        if self._decode == "gpu":
+            labels = labels.to(self._device, non_blocking=True)
+            weights = weights.to(self._device, non_blocking=True)
+        elif self._pin_memory and torch.cuda.is_available():
+            labels, weights = labels.pin_memory(), weights.pin_memory()
+        batch = (images, labels, weights) if self._with_weights else (images, labels)
+        return batch + (ids,) if self._include_source_id else batch
+
+    def _gpu_images(self, jpegs, draws, flips):
+        """The batch decoded, cropped, resized and flipped on the GPU.
+
+        Not exercised by this repository's tests (no CUDA and no torchvision
+        in its profiles). The windows are the CPU path's; the resize is
+        bilinear with antialiasing, as Pillow's.
+        """
+        import torch
+        import torch.nn.functional as F
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        size = self._config.image_size
+        data = [torch.frombuffer(bytearray(jpeg), dtype=torch.uint8) for jpeg in jpegs]
+        decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=self._device)
+        out = torch.empty((len(jpegs), 3, size, size), dtype=torch.uint8, device=self._device)
+        for i, image in enumerate(decoded):
+            height, width = image.shape[1:]
+            top, left, crop_h, crop_w = (
+                eval_window(height, width, self._config) if draws is None
+                else train_window(height, width, draws[i], self._config))
+            crop = image[None, :, top:top + crop_h, left:left + crop_w].float()
+            crop = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False,
+                                 antialias=True)
+            if flips[i]:
+                crop = crop.flip(-1)
+            out[i] = crop[0].round_().clamp_(0, 255).to(torch.uint8)
+        return out.contiguous(memory_format=torch.channels_last)
+
+
+def _shuffled(rows, buffer: int, rng):
+    """``rows`` through a shuffle buffer of ``buffer`` rows (``tf.data``'s
+    kind: each row out is a random one of the buffer, replaced by the next in)."""
+    pool = []
+    for row in rows:
+        if len(pool) < buffer:
+            pool.append(row)
+            continue
+        i = int(rng.integers(buffer))
+        yield pool[i]
+        pool[i] = row
+    for i in rng.permutation(len(pool)):
+        yield pool[i]
+
+
+def _define_normalize():
+    import torch
+
+    class Normalize(torch.nn.Module):
+        """A model's first step for :func:`make_loader`'s batches
+        (``nn.Sequential(Normalize(config), model)``): uint8 ``[batch, 3, h,
+        w]`` in, float32 out, less ``config.mean`` and over ``config.std``
+        (of pixels scaled to [0, 1]), on the model's device, in the images'
+        memory format."""
+
+        def __init__(self, config: ReaderConfig = ReaderConfig()):
+            super().__init__()
+            # Buffers move with the model (.to(device)); not saved in its state.
+            self.register_buffer("mean", torch.tensor([m * 255.0 for m in config.mean])
+                                 .view(1, 3, 1, 1), persistent=False)
+            self.register_buffer("std", torch.tensor([s * 255.0 for s in config.std])
+                                 .view(1, 3, 1, 1), persistent=False)
+
+        def forward(self, images):
+            return (images.float() - self.mean) / self.std
+
+    Normalize.__module__ = __name__
+    Normalize.__qualname__ = "Normalize"
+    return Normalize
+
+
+# Normalize subclasses torch.nn.Module: defined on first use (see dist_dl.core.lazy),
+# so that this module imports without torch.
+__getattr__ = lazy_attributes(globals(), Normalize=_define_normalize)

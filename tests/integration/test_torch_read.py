@@ -1,0 +1,203 @@
+"""The torch loader (dist_dl.read.make_loader) on shards written through
+Spark: the plan's steps, every row once per epoch across the ranks with its
+label, the rows and order the TensorFlow reader gives each rank; its
+transforms against the TensorFlow reader's on the same photographs; and the
+torch path in a Python without TensorFlow."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed in this profile (the `torch` extra: "
+                                    "profiles dbr-16.4-ml and dbr-17.3-ml)")
+
+from imagedata import seen_once, write_tree_shards  # noqa: E402
+from no_tensorflow import env_without_tensorflow  # noqa: E402
+
+from dist_dl.prepare import load_label_index  # noqa: E402
+from dist_dl.read import Normalize, ReaderConfig, make_loader, steps_per_epoch  # noqa: E402
+
+pytestmark = pytest.mark.profile_subset_164
+
+SMALL = ReaderConfig(image_size=16, shuffle_buffer=8, reader="arrow")
+NEEDS_TF = "the comparison with the TensorFlow reader needs TensorFlow (profile dbr-17.3-ml)"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """An ImageNet-layout tree (15 images, 3 classes) as Parquet shards of
+    2-row row groups, written through Spark."""
+    return write_tree_shards(str(tmp_path_factory.mktemp("tree")))
+
+
+def _epochs(loader, count):
+    """``count`` epochs of a loader made with weights and source ids: per
+    epoch, the batches as numpy."""
+    return [[(x.numpy(), y.numpy(), w.numpy(), ids) for x, y, w, ids in loader]
+            for _ in range(count)]
+
+
+def _once(batches):
+    """source_id -> label of the rows with weight 1, each seen once."""
+    return seen_once((sid, y, w) for _, ys, ws, ids in batches for sid, y, w in zip(ids, ys, ws))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("training", [True, False])
+def test_every_row_once_per_epoch_with_its_label_in_the_plan_s_steps(shards, training):
+    import torch
+
+    url, written = shards
+    index = load_label_index(url)
+    expected = {sid: index[wnid] for sid, wnid in written.items()}
+    size, batch = 2, 3
+    steps = steps_per_epoch(url, size, batch)
+    loaders = [make_loader(url, rank, size, batch, training=training, config=SMALL, seed=5,
+                           with_weights=True, include_source_id=True) for rank in range(size)]
+    epochs = [_epochs(loader, 2) for loader in loaders]
+    for rank, loader in enumerate(loaders):
+        assert len(loader) == steps and [len(e) for e in epochs[rank]] == [steps, steps]
+        assert loader.epoch == 2
+    for epoch in range(2):
+        assert _once(epochs[0][epoch] + epochs[1][epoch]) == expected
+    orders = [[ids for *_, ids in e] for e in epochs[0]]
+    assert (orders[0] != orders[1]) == training  # shuffled afresh each epoch in training only
+    images, labels = next(iter(make_loader(url, 0, size, batch, training=training, config=SMALL)))
+    assert images.shape == (batch, 3, 16, 16) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.dtype == torch.int64
+    normalised = Normalize(SMALL)(images)
+    assert normalised.dtype == torch.float32 and -3 < normalised.mean().item() < 3
+
+
+@pytest.mark.timeout(300)
+def test_each_rank_reads_the_rows_of_the_tensorflow_reader_in_its_order(shards):
+    pytest.importorskip("tensorflow", reason=NEEDS_TF)
+    from dist_dl.read import make_dataset
+
+    url, _ = shards
+    # A one-row shuffle buffer keeps the seeded row-group order visible: both
+    # readers then give a rank the same rows in the same order, epoch by epoch
+    # (fill rows of weight 0 included).
+    config = dataclasses.replace(SMALL, shuffle_buffer=1)
+    for rank in range(2):
+        ds = make_dataset(url, rank, 2, 2, config=config, seed=11, num_epochs=2,
+                          with_weights=True, include_source_id=True)
+        tf_ids = [[sid.decode() for sid in x["source_id"].numpy()] for x, _, _ in ds]
+        loader = make_loader(url, rank, 2, 2, config=config, seed=11, with_weights=True,
+                             include_source_id=True)
+        torch_ids = [ids for epoch in _epochs(loader, 2) for *_, ids in epoch]
+        assert torch_ids == tf_ids, rank
+        assert torch_ids[:len(loader)] != torch_ids[len(loader):]  # a new order in epoch 1
+
+
+def _photographs():
+    """JPEGs (quality 90) of scikit-learn's two sample photographs (427 x 640)
+    and of crops of them: landscape, portrait, halved, small."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    jpegs = []
+    for photo in load_sample_images().images:
+        for part in (photo, photo[:300, :200], photo[50:, 100:300], photo[::2, ::2],
+                     photo[:97, :131]):
+            out = io.BytesIO()
+            Image.fromarray(np.ascontiguousarray(part)).save(out, "JPEG", quality=90)
+            jpegs.append(out.getvalue())
+    return jpegs
+
+
+@pytest.mark.timeout(120)
+def test_eval_transform_matches_the_tensorflow_reader_within_the_stated_tolerance():
+    tf = pytest.importorskip("tensorflow", reason=NEEDS_TF)
+    from dist_dl.read.augment import eval_transform, eval_window
+    from dist_dl.read.imaging import decode_into
+
+    config = ReaderConfig()  # 224 pixels, 0.875 of the short side
+    mean, std = np.array(config.mean) * 255, np.array(config.std) * 255
+    for jpeg in _photographs():
+        ours = np.zeros((224, 224, 3), np.uint8)
+        decode_into(ours, jpeg, config)
+        ours = ours.astype(np.float64)
+        theirs = eval_transform(tf.constant(jpeg), config).numpy() * std + mean
+        # The same window resized with antialiasing, as Pillow's bilinear filter does.
+        shape = tf.io.extract_jpeg_shape(jpeg)
+        crop = tf.io.decode_and_crop_jpeg(jpeg, tf.stack(eval_window(shape[0], shape[1], config)),
+                                          channels=3)
+        smooth = tf.image.resize(crop, [224, 224], method="bilinear", antialias=True).numpy()
+        # Tolerances, in levels of 0..255 (measured on these images: mean 0.8
+        # to 1.1, 99th percentile 2.8 to 3.5 against the antialiased resize;
+        # mean up to 4.8 and 99th percentile up to 32 against the reader's).
+        # Against the same window resized with antialiasing, what is left is
+        # the JPEG decoders': TensorFlow's decode_jpeg uses libjpeg's fast
+        # integer IDCT by default (dct_method=''), Pillow the accurate one
+        # (about 1 level on average, 6 at most, on the whole photograph).
+        error = np.abs(ours - smooth)
+        assert error.mean() < 1.5 and np.percentile(error, 99) < 5, error.mean()
+        # Against the TensorFlow reader, tf.image.resize without antialiasing
+        # samples 2 x 2 pixels where Pillow averages the whole footprint: the
+        # difference grows with the shrink (1.7 x for the whole photograph's
+        # 373-pixel crop) at sharp edges, and stays at the decoders' ~1 where
+        # the crop is enlarged or barely shrunk.
+        error = np.abs(ours - theirs)
+        assert error.mean() < 6 and np.percentile(error, 99) < 40, error.mean()
+
+
+@pytest.mark.timeout(120)
+def test_train_crops_are_drawn_as_the_tensorflow_reader_draws_them():
+    tf = pytest.importorskip("tensorflow", reason=NEEDS_TF)
+    from dist_dl.read.imaging import crop_draws, train_window
+
+    config = ReaderConfig()
+    count = 2000
+    for height, width in ((427, 640), (300, 200)):
+        ours = np.array([train_window(height, width, d, config)[2:]
+                         for d in crop_draws(np.random.default_rng(0), count)])
+        tf.random.set_seed(0)
+        theirs = np.array([tf.image.sample_distorted_bounding_box(
+            [height, width, 3], bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            min_object_covered=0.1, aspect_ratio_range=config.aspect_ratio_range,
+            area_range=config.area_range, max_attempts=10,
+            use_image_if_no_bounding_boxes=True)[1].numpy()[:2] for _ in range(count)])
+        for name, stat in (("area", lambda hw: hw[:, 0] * hw[:, 1] / (height * width)),
+                           ("aspect ratio", lambda hw: hw[:, 1] / hw[:, 0])):
+            a, b = stat(ours), stat(theirs)
+            # 2000 draws (TensorFlow's differ from run to run): between
+            # samples of either, the means moved by up to 0.01 and the
+            # deciles by up to 0.02 (4 seeds each, both shapes). The extremes
+            # of a sample vary more; the unit tests check the ranges.
+            assert abs(a.mean() - b.mean()) < 0.03, (name, a.mean(), b.mean())
+            assert np.allclose(np.percentile(a, [10, 50, 90]), np.percentile(b, [10, 50, 90]),
+                               atol=0.05), name
+
+
+_WITHOUT_TF = """
+import sys
+
+from dist_dl.read import Normalize, ReaderConfig, make_loader
+
+config = ReaderConfig(image_size=16, reader="auto")
+images, labels = next(iter(make_loader(sys.argv[1], 0, 2, 3, config=config, threads=2)))
+print("batch", tuple(images.shape), tuple(Normalize(config)(images).shape), labels.tolist())
+print("loaded", sorted({m.split(".")[0] for m in sys.modules} & {"tensorflow", "keras", "torch"}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_torch_path_needs_no_tensorflow(shards, tmp_path):
+    url, _ = shards
+    env = env_without_tensorflow(tmp_path / "site")
+    check = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert "No module named 'tensorflow'" in check.stderr
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_WITHOUT_TF), url], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "batch (3, 3, 16, 16) (3, 3, 16, 16)" in done.stdout
+    assert "loaded ['torch']" in done.stdout
