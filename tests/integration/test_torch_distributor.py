@@ -116,7 +116,8 @@ def test_a_spark_task_may_run_several_processes(spark):
     assert [(p["RANK"], p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"], p["WORLD_SIZE"]) for p in places] \
         == [("0", "0", "2", "3"), ("1", "1", "2", "3"), ("2", "0", "1", "3")]
     # The second process of task 0 fails: the error names its rank, not its task's.
-    with pytest.raises(WorkerError, match=r"^worker rank 1 on host \S+ failed: ValueError"):
+    with pytest.raises(WorkerError,
+                       match=r"^HorovodRunner\(np=2\): worker rank 1 on host \S+ failed: ValueError"):
         runner.run(fail_on_rank_1)
     assert _workers_left() == []
 
@@ -215,7 +216,10 @@ def test_a_failing_rank_is_named_with_its_host_and_exception(spark):
     assert (error.rank, error.worker_type, error.worker_message) == (1, "ValueError",
                                                                       "rank one says no")
     assert error.host and "rank one says no" in error.worker_traceback
-    assert str(error).startswith(f"worker rank 1 on host {error.host} failed: ValueError")
+    # The runner first, as its user wrote it, then the rank and its host.
+    assert str(error).startswith(f"TorchDistributor(num_processes=2, local_mode=False): "
+                                 f"worker rank 1 on host {error.host} failed: ValueError"), error
+    assert error.runner == "TorchDistributor(num_processes=2, local_mode=False)"
     assert time.monotonic() - started < 50
     assert _workers_left() == []
 

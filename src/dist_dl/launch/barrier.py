@@ -358,9 +358,9 @@ class BarrierSparkBackend:
                 ) from exc
             if expired.is_set() and sink.first("timeout") is None:
                 raise JobTimeout(
-                    f"the job did not finish within its timeout of {options.timeout:g} s "
-                    f"(+{2 * self.grace:g} s grace); its Spark tasks were cancelled") from exc
-            raise failure_from(sink, server.first_failed, options.timeout) from exc
+                    f"{label}: the job did not finish within its timeout of {options.timeout:g} "
+                    f"s (+{2 * self.grace:g} s grace); its Spark tasks were cancelled") from exc
+            raise failure_from(sink, server.first_failed, options.timeout, label) from exc
         finally:
             if backstop is not None:
                 backstop.cancel()

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: the sink is handed in by the backends
     from dist_dl.launch.protocol import DriverSink
 
-__all__ = ["WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots", "failure_from"]
+__all__ = ["WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots", "failure_from",
+           "runner_prefix"]
 
 
 class WorkerError(RuntimeError):
@@ -23,17 +24,22 @@ class WorkerError(RuntimeError):
         worker_message: ``str()`` of that exception.
         worker_traceback: The worker's formatted traceback ('' if it died
             without one, e.g. killed by a signal).
+        runner: The runner whose job failed, as its user wrote it
+            (``TorchDistributor(num_processes=2, ...)``), which the message
+            starts with; '' where a library function launched the workers.
     """
 
     def __init__(self, rank: int, worker_type: str, worker_message: str, worker_traceback: str = "",
-                 detail: str = "", host: str = ""):
+                 detail: str = "", host: str = "", runner: str = ""):
         self.rank = rank
+        self.runner = runner
         self.host = host
         self.worker_type = worker_type
         self.worker_message = worker_message
         self.worker_traceback = worker_traceback
         where = f" on host {host}" if host else ""
-        text = f"worker rank {rank}{where} failed: {worker_type}: {worker_message}"
+        text = (f"{runner_prefix(runner)}worker rank {rank}{where} failed: {worker_type}: "
+                f"{worker_message}")
         if detail:
             text += f"\n{detail}"
         if worker_traceback:
@@ -78,26 +84,34 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def runner_prefix(runner: str) -> str:
+    """The start of a message naming the runner whose job it is ('' for none)."""
+    return f"{runner}: " if runner else ""
+
+
 def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
-                 timeout: float | None) -> Exception:
+                 timeout: float | None, runner: str = "") -> Exception:
     """The error to raise on the driver for a failed job.
 
     Args:
         sink: What the workers reported.
         first_failed: (rank, exit code) of the first worker seen to fail, if known.
         timeout: The job's timeout, for the message.
+        runner: The runner as its user wrote it, which the message starts
+            with ('' where a library function launched the workers).
     """
     expired = sink.first("timeout")
     if expired is not None:
         return JobTimeout(
-            f"rank {expired['rank']}{_on_host(sink, expired['rank'])} was still running after "
-            f"the job's timeout of {expired['seconds']:g} s, so every worker was stopped. Raise the runner's timeout= "
-            "if the job needs longer, or look for a worker stuck waiting on its peers.")
+            f"{runner_prefix(runner)}rank {expired['rank']}{_on_host(sink, expired['rank'])} was "
+            f"still running after the job's timeout of {expired['seconds']:g} s, so every worker "
+            "was stopped. Raise the runner's timeout= if the job needs longer, or look for a "
+            "worker stuck waiting on its peers.")
     records = {r["rank"]: r for r in sink.records[::-1] if r["kind"] == "error"}
     if first_failed is not None and first_failed[0] in records:
         cause = records[first_failed[0]]
         if not _collateral(cause):
-            return _worker_error(sink, cause)
+            return _worker_error(sink, cause, runner=runner)
     cause = sink.first("error", prefer=lambda r: not _collateral(r))
     collateral = cause is not None and _collateral(cause)
     if cause is not None and (first_failed is None or not collateral):
@@ -105,17 +119,18 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
         # seen): the worker that reported is the one left waiting; say so,
         # and name its peers (a rank whose peer's host is cut off the network
         # reports only "UnknownError: Graph execution error:").
-        return _worker_error(sink, cause, lost_peer=collateral)
+        return _worker_error(sink, cause, lost_peer=collateral, runner=runner)
     if first_failed is not None:
         rank, code = first_failed
         tail = "\n".join(sink.tails.get(rank, ())) or "(no output)"
         return WorkerError(rank, "WorkerDied",
                            f"the worker process {_describe_exit(code)}{_peer_timeout(sink, rank)}",
                            detail=f"last output of rank {rank}:\n{tail}",
-                           host=sink.hosts.get(rank, ""))
+                           host=sink.hosts.get(rank, ""), runner=runner)
     if cause is not None:
-        return _worker_error(sink, cause)
-    return WorkerError(-1, "WorkerDied", "the job failed without a report from any worker")
+        return _worker_error(sink, cause, runner=runner)
+    return WorkerError(-1, "WorkerDied", "the job failed without a report from any worker",
+                       runner=runner)
 
 
 def _peer_timeout(sink: DriverSink, rank: int) -> str:
@@ -145,7 +160,8 @@ def _on_host(sink: DriverSink, rank: int) -> str:
     return f" on host {host}" if host else ""
 
 
-def _worker_error(sink: DriverSink, record: dict, lost_peer: bool = False) -> WorkerError:
+def _worker_error(sink: DriverSink, record: dict, lost_peer: bool = False,
+                  runner: str = "") -> WorkerError:
     message = record["message"]
     if lost_peer:
         # On the first line, which is what a run's attempt tag keeps.
@@ -153,4 +169,4 @@ def _worker_error(sink: DriverSink, record: dict, lost_peer: bool = False) -> Wo
         message = (f"{first} [a collective failed with its peers: "
                    f"{_lost_peer(sink, record['rank'])}]{newline}{rest}")
     return WorkerError(record["rank"], record["type"], message, record["traceback"],
-                       host=sink.hosts.get(record["rank"], ""))
+                       host=sink.hosts.get(record["rank"], ""), runner=runner)

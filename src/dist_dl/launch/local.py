@@ -19,7 +19,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core import compat
-from dist_dl.launch.errors import JobTimeout, failure_from
+from dist_dl.launch.errors import JobTimeout, failure_from, runner_prefix
 from dist_dl.launch.network import interface_holding
 from dist_dl.launch.processes import WorkerProcesses
 from dist_dl.launch.protocol import DriverSink
@@ -116,10 +116,11 @@ def run_processes(fn: Callable[..., Any], kwargs: dict, envs: list[dict], option
             sink.close()
         if expired:
             raise JobTimeout(
-                f"the job did not finish within its timeout of {options.timeout:g} s "
-                f"(+{grace:g} s grace) and its workers did not stop themselves; they were killed")
+                f"{runner_prefix(options.runner)}the job did not finish within its timeout of "
+                f"{options.timeout:g} s (+{grace:g} s grace) and its workers did not stop "
+                "themselves; they were killed")
         if first_failed is not None:
-            raise failure_from(sink, first_failed, options.timeout)
+            raise failure_from(sink, first_failed, options.timeout, options.runner)
         with open(result, "rb") as f:
             return cloudpickle.load(f)
     finally:

@@ -19,7 +19,8 @@ from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
 from dist_dl.launch.network import interface_holding, is_loopback, resolve
-from dist_dl.launch.errors import JobCancelled, JobTimeout, NotEnoughSlots, failure_from
+from dist_dl.launch.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
+                                   runner_prefix)
 from dist_dl.launch.protocol import DriverSink
 from dist_dl.launch.worker import WorkerOptions, run_worker
 
@@ -232,9 +233,11 @@ class SparkBackend:
                         f"outside ({reason}); its workers were stopped") from exc
                 if expired.is_set() and sink.first("timeout") is None:
                     raise JobTimeout(
-                        f"the job did not finish within its timeout of {options.timeout:g} s "
-                        f"(+{self.grace:g} s grace); its Spark tasks were cancelled") from exc
-                raise failure_from(sink, _first_failed(exc), options.timeout) from exc
+                        f"{runner_prefix(options.runner)}the job did not finish within its "
+                        f"timeout of {options.timeout:g} s (+{self.grace:g} s grace); its Spark "
+                        "tasks were cancelled") from exc
+                raise failure_from(sink, _first_failed(exc), options.timeout,
+                                   options.runner) from exc
             finally:
                 if backstop is not None:
                     backstop.cancel()
