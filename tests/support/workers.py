@@ -258,3 +258,10 @@ def keras3_overflow_on_one_worker(agree: bool = True):
     step()
     row = np.array([*np.asarray(weights.numpy()), float(np.asarray(optimizer.dynamic_scale))])
     return _gather_rows(strategy, row).tolist()
+
+
+def import_shipped_for_horovod():
+    """The answer of a module the test shipped with ``sc.addPyFile``."""
+    import shipped_helper_for_horovod
+
+    return shipped_helper_for_horovod.answer()

@@ -1,7 +1,8 @@
 """Process entry of a Horovod worker in a Spark task, in place of Horovod's
 ``python -m horovod.spark.task.gloo_exec_fn DRIVER_ADDRESSES SETTINGS``
 (see ``dist_dl.launch.spark._workers_exit_without_final_collection``): the
-same ``main``, ended by :func:`dist_dl.launch._worker_main._exit`.
+same ``main``, ended by :func:`dist_dl.launch._worker_main._exit`, after
+taking the task's ``sys.path`` (``dist_dl.launch.spark._tasks_pass_their_imports``).
 """
 import sys
 import traceback
@@ -10,6 +11,7 @@ from horovod.runner.common.util import codec
 from horovod.spark.task import gloo_exec_fn
 
 from dist_dl.launch._worker_main import _exit
+from dist_dl.launch.worker import take_launcher_imports
 
 
 def _run(argv: list[str]) -> int:
@@ -17,6 +19,7 @@ def _run(argv: list[str]) -> int:
         print(f"usage: python -m dist_dl.launch._spark_worker_main <driver addresses> "
               f"<settings>, got {len(argv)} arguments", file=sys.stderr)
         return 1
+    take_launcher_imports()
     try:
         gloo_exec_fn.main(codec.loads_base64(argv[0]), codec.loads_base64(argv[1]))
     except SystemExit as exc:

@@ -22,7 +22,7 @@ from dist_dl.launch.network import interface_holding, is_loopback, resolve
 from dist_dl.launch.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
                                    runner_prefix)
 from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions, run_worker
+from dist_dl.launch.worker import WorkerOptions, launcher_path_env, run_worker
 
 __all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
 
@@ -175,6 +175,7 @@ class SparkBackend:
         _patch_shutdown_event()
         _stream_output_live()
         _workers_exit_without_final_collection()
+        _tasks_pass_their_imports()
         _detect_dead_task_services()
         _prompt_termination_on_tasks()
         _record_spark_failures()
@@ -378,6 +379,38 @@ def _workers_exit_without_final_collection() -> None:
 
     launch_gloo._dist_dl_wrapped = True
     spark_gloo_run.launch_gloo = launch_gloo
+
+
+def _tasks_pass_their_imports() -> None:
+    """Each Spark task gives the worker process it starts its own
+    ``sys.path`` (:func:`dist_dl.launch.worker.launcher_path_env`), which the
+    worker takes before it unpickles the user's function
+    (:mod:`dist_dl.launch._spark_worker_main`): modules PySpark put on the
+    task's path (``sc.addPyFile``, ``spark.submit.pyFiles``) import in the
+    workers as in the task.
+
+    Horovod's task service starts the worker with a copy of the task's
+    environment made when the service starts (``SparkTaskService``), and
+    PySpark adds shipped files to the task's ``sys.path``, not to its
+    environment; so the task function Horovod runs (``_make_mapper``'s) is
+    wrapped to put the path into the environment first."""
+    from horovod.spark import runner
+
+    make_mapper = runner._make_mapper
+    if getattr(make_mapper, "_dist_dl_wrapped", False):
+        return
+
+    def _make_mapper(*args, **kwargs):
+        mapper = make_mapper(*args, **kwargs)
+
+        def with_task_path(index, rows):
+            os.environ.update(launcher_path_env())
+            return mapper(index, rows)
+
+        return with_task_path
+
+    _make_mapper._dist_dl_wrapped = True
+    runner._make_mapper = _make_mapper
 
 
 # Keepalive of the driver's connections to the tasks' services: the first

@@ -385,7 +385,7 @@ def main(argv: list[str]) -> int:
 
     payload_path, result_path = argv
     _watch_parent()
-    _take_launcher_imports()
+    take_launcher_imports()
     with open(payload_path, "rb") as f:
         options, fn, kwargs = cloudpickle.load(f)
     try:
@@ -416,7 +416,7 @@ def launcher_path_env() -> dict[str, str]:
     return {SYS_PATH_VAR: json.dumps([p for p in sys.path if p])}
 
 
-def _take_launcher_imports() -> None:
+def take_launcher_imports() -> None:
     """Before the payload is unpickled: the starting process's ``sys.path``
     entries this process lacks, in that process's order ahead of this one's
     own (PySpark puts shipped files first too), and its barrier task context."""
