@@ -616,15 +616,8 @@ def test_a_module_shipped_with_add_py_file_imports_in_horovod_workers(spark, tmp
     """What a plain Spark task imports (a module shipped with sc.addPyFile)
     imports in HorovodRunner's workers, on Spark tasks (np > 0) and on the
     driver (np < 0), as in the other runners' workers."""
-    import textwrap
+    from shipped import ship_module
 
-    module = tmp_path / "shipped_helper_for_horovod.py"
-    module.write_text(textwrap.dedent("""
-        def answer():
-            return 7
-    """))
-    spark.sparkContext.addPyFile(str(module))
-    assert spark.sparkContext.parallelize([0], 1).map(
-        lambda _: __import__("shipped_helper_for_horovod").answer()).collect() == [7]
+    ship_module(spark, tmp_path, "shipped_helper_for_horovod", 7)
     for runner in (HorovodRunner(np=2, spark=spark), HorovodRunner(np=-2)):
         assert runner.run(workers.import_shipped_for_horovod) == 7, runner._label()

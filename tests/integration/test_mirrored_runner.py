@@ -8,7 +8,6 @@ and the data changed: no download, a small synthetic image set.
 from __future__ import annotations
 
 import sys
-import textwrap
 import warnings
 
 import cloudpickle
@@ -17,6 +16,7 @@ import pytest
 
 from dist_dl.core import compat
 from dist_dl import MirroredStrategyRunner, NotEnoughSlots, TFDistributeRunner, WorkersDiverged
+from shipped import ship_module
 
 # Functions defined here reach the workers by value: a Spark task cannot import tests.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -185,15 +185,7 @@ def import_shipped_module():
 def test_a_module_shipped_with_add_py_file_imports_in_the_workers(spark, tmp_path):
     """What a plain Spark task imports (here a module shipped with
     sc.addPyFile) imports in the workers, on Spark tasks and on the driver."""
-    module = tmp_path / "shipped_helper_for_dist_dl.py"
-    module.write_text(textwrap.dedent("""
-        def answer():
-            return 42
-    """))
-    spark.sparkContext.addPyFile(str(module))
-    # A plain Spark task imports it: that is the reference.
-    assert spark.sparkContext.parallelize([0], 1).map(
-        lambda _: __import__("shipped_helper_for_dist_dl").answer()).collect() == [42]
+    ship_module(spark, tmp_path, "shipped_helper_for_dist_dl", 42)
     for runner in (TFDistributeRunner(np=2, spark=spark), TFDistributeRunner(np=-2),
                    MirroredStrategyRunner(num_slots=2, use_gpu=False, use_custom_strategy=True)):
         assert runner.run(import_shipped_module) == 42, runner._label()
