@@ -27,11 +27,15 @@ def _make_wheel(tmp_path) -> Path:
     """`make wheel` in a copy of the checkout (a build writes build/ and
     *.egg-info into the folder it builds), with this interpreter as .venv's."""
     checkout = tmp_path / "checkout"
-    clutter = {".git", ".venv", "build", "dist", "runs", "mlruns", "spark-warehouse",
+    # Not the build's: version control, outputs, and every profile's virtual
+    # environment (.venv, .venv-unit, .venv-dbr-*: gigabytes with TensorFlow
+    # and torch, present in CI once the profiles' stages have run).
+    clutter = {".git", "build", "dist", "runs", "mlruns", "site", "spark-warehouse",
                "metastore_db", ".pytest_cache", ".benchmarks"}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        top = clutter if Path(folder) == ROOT else set()
+        top = ({n for n in names if n in clutter or n.startswith(".venv")}
+               if Path(folder) == ROOT else set())
         return {n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info")}
 
     shutil.copytree(ROOT, checkout, ignore=ignore)
