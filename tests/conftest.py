@@ -65,8 +65,10 @@ def pytest_runtest_setup(item):
         module = marker.args[0]
         failure = _import_failure(module)
         if failure is not None:
-            pytest.skip(f"needs {module}, which does not import here ({failure}); Databricks "
-                        "Runtime 16.0 ML and later ship no Horovod and no Petastorm")
+            why = (" (the `torch` extra: profiles dbr-16.4-ml and dbr-17.3-ml)"
+                   if module.split(".")[0] == "torch" else
+                   "; Databricks Runtime 16.0 ML and later ship no Horovod and no Petastorm")
+            pytest.skip(f"needs {module}, which does not import here ({failure}){why}")
     # The Keras 3 case of an engine-parametrized test (keras=3): where it can train.
     params = getattr(getattr(item, "callspec", None), "params", {})
     if params.get("engine") == "keras3":

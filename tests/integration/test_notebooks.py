@@ -25,9 +25,24 @@ SLOW_NOTEBOOKS = {"04_train_distributed_dataframe", "05_ensembles_and_search", "
 HOROVOD_NOTEBOOKS = {"03_horovod_runner", "06_benchmark"}
 
 
+# TorchDistributor's notebook needs torch: run on the profiles that install it
+# (dbr-16.4-ml, dbr-17.3-ml), skipped, saying so, elsewhere.
+TORCH_NOTEBOOKS = {"08_torch_distributor"}
+
+# What a notebook's `result` must show beyond being there.
+CHECKS = {
+    # Two processes on Spark tasks learn the digits (exact validation over every row once).
+    "08_torch_distributor": lambda result: (result["num_workers"] == 2
+                                            and result["validation_rows"] > 300
+                                            and result["history"]["val_accuracy"][-1] >= 0.95),
+}
+
+
 def _marks(path) -> list:
     return ([pytest.mark.slow] if path.stem in SLOW_NOTEBOOKS else []) + \
-        ([pytest.mark.needs("horovod.tensorflow")] if path.stem in HOROVOD_NOTEBOOKS else [])
+        ([pytest.mark.needs("horovod.tensorflow")] if path.stem in HOROVOD_NOTEBOOKS else []) + \
+        ([pytest.mark.needs("torch"), pytest.mark.profile_subset_164]
+         if path.stem in TORCH_NOTEBOOKS else [])
 
 
 @pytest.mark.slow
@@ -37,4 +52,7 @@ def _marks(path) -> list:
 def test_notebook_runs_locally(path, spark, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the notebooks write under ./runs
     namespace = runpy.run_path(str(path), run_name="__main__")
-    assert namespace.get("result") is not None, f"{path.name} must leave its outcome in `result`"
+    result = namespace.get("result")
+    assert result is not None, f"{path.name} must leave its outcome in `result`"
+    check = CHECKS.get(path.stem)
+    assert check is None or check(result), f"{path.name}: {result}"
