@@ -396,9 +396,11 @@ def _tasks_pass_their_imports() -> None:
     wrapped to put the path into the environment first."""
     from horovod.spark import runner
 
-    make_mapper = runner._make_mapper
-    if getattr(make_mapper, "_dist_dl_wrapped", False):
+    # Once per process: other wrappers of the same function
+    # (termination.wrap_mapper) go around this one, and mark theirs.
+    if _TASK_PATH_WRAPPED:
         return
+    make_mapper = runner._make_mapper
 
     def _make_mapper(*args, **kwargs):
         mapper = make_mapper(*args, **kwargs)
@@ -409,8 +411,11 @@ def _tasks_pass_their_imports() -> None:
 
         return with_task_path
 
-    _make_mapper._dist_dl_wrapped = True
     runner._make_mapper = _make_mapper
+    _TASK_PATH_WRAPPED.append(True)
+
+
+_TASK_PATH_WRAPPED: list[bool] = []
 
 
 # Keepalive of the driver's connections to the tasks' services: the first
