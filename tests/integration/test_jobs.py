@@ -6,6 +6,7 @@ databricks-sdk configured the standard way (DATABRICKS_HOST / DATABRICKS_TOKEN).
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -42,8 +43,13 @@ def _make_wheel(tmp_path) -> Path:
     stamp = checkout / ".venv" / ".installed"  # up to date: make installs nothing
     stamp.parent.mkdir()
     stamp.touch()
-    done = subprocess.run(["make", "-C", str(checkout), "wheel", f"PY={sys.executable}"],
-                          capture_output=True, text=True, timeout=150)
+    # The default profile's names (.venv and its stamp above), whatever profile
+    # the calling make was given: a profile's variables arrive through
+    # MAKEFLAGS, and its environment's stamp is not in the copy, so make would
+    # install the copy into this interpreter's environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-C", str(checkout), "wheel", f"PY={sys.executable}",
+                           "PROFILE="], capture_output=True, text=True, timeout=150, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     (wheel,) = (checkout / "dist").glob("dist_dl-*.whl")
     return wheel
