@@ -175,9 +175,8 @@ class SparkBackend:
         _patch_shutdown_event()
         _stream_output_live()
         _workers_exit_without_final_collection()
-        _tasks_pass_their_imports()
+        _wrap_horovod_tasks()
         _detect_dead_task_services()
-        _prompt_termination_on_tasks()
         _record_spark_failures()
         worker_fn = functools.partial(run_worker, options, fn, kwargs)
         stream = sink.stream()
@@ -381,41 +380,42 @@ def _workers_exit_without_final_collection() -> None:
     spark_gloo_run.launch_gloo = launch_gloo
 
 
-def _tasks_pass_their_imports() -> None:
-    """Each Spark task gives the worker process it starts its own
-    ``sys.path`` (:func:`dist_dl.launch.worker.launcher_path_env`), which the
-    worker takes before it unpickles the user's function
-    (:mod:`dist_dl.launch._spark_worker_main`): modules PySpark put on the
-    task's path (``sc.addPyFile``, ``spark.submit.pyFiles``) import in the
-    workers as in the task.
+def _wrap_horovod_tasks() -> None:
+    """Each Spark task of a Horovod job runs a prologue before Horovod's task
+    function (``horovod.spark.runner._make_mapper``'s mapper, wrapped here
+    once per process):
 
-    Horovod's task service starts the worker with a copy of the task's
-    environment made when the service starts (``SparkTaskService``), and
-    PySpark adds shipped files to the task's ``sys.path``, not to its
-    environment; so the task function Horovod runs (``_make_mapper``'s) is
-    wrapped to put the path into the environment first."""
+    - :func:`dist_dl.launch.termination.prompt_termination`: the task ends
+      its worker processes promptly when the job is aborted or the task
+      killed (Horovod's own sequence waits out 5 s it can never use);
+    - the task's ``sys.path`` into its environment
+      (:func:`dist_dl.launch.worker.launcher_path_env`), which the worker
+      takes before it unpickles the user's function
+      (:mod:`dist_dl.launch._spark_worker_main`): modules PySpark put on the
+      task's path (``sc.addPyFile``, ``spark.submit.pyFiles``) import in the
+      workers as in the task. Horovod's task service starts the worker with a
+      copy of the task's environment, and PySpark adds shipped files to the
+      task's ``sys.path`` only."""
     from horovod.spark import runner
 
-    # Once per process: other wrappers of the same function
-    # (termination.wrap_mapper) go around this one, and mark theirs.
-    if _TASK_PATH_WRAPPED:
-        return
+    from dist_dl.launch.termination import prompt_termination
+
     make_mapper = runner._make_mapper
+    if getattr(make_mapper, "_dist_dl_wrapped", False):
+        return
 
     def _make_mapper(*args, **kwargs):
         mapper = make_mapper(*args, **kwargs)
 
-        def with_task_path(index, rows):
+        def task(index, rows):
+            prompt_termination()
             os.environ.update(launcher_path_env())
             return mapper(index, rows)
 
-        return with_task_path
+        return task
 
+    _make_mapper._dist_dl_wrapped = True
     runner._make_mapper = _make_mapper
-    _TASK_PATH_WRAPPED.append(True)
-
-
-_TASK_PATH_WRAPPED: list[bool] = []
 
 
 # Keepalive of the driver's connections to the tasks' services: the first
@@ -491,18 +491,6 @@ def _detect_dead_task_services() -> None:
 
     if not isinstance(network.socket, _KeepAliveSockets):
         network.socket = _KeepAliveSockets()
-
-
-def _prompt_termination_on_tasks() -> None:
-    """Every Spark task of a Horovod job ends its worker processes promptly
-    when the job is aborted or the task killed (see
-    :mod:`dist_dl.launch.termination`: Horovod's own sequence waits out
-    5 s it can never use)."""
-    from horovod.spark import runner
-
-    from dist_dl.launch.termination import wrap_mapper
-
-    runner._make_mapper = wrap_mapper(runner._make_mapper)
 
 
 class _RunSignals:

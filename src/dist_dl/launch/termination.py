@@ -20,8 +20,9 @@ the shell. Horovod is unmaintained (0.28.1 is its last release), so the
 middleman is wrapped rather than fixed upstream.
 
 The wrapping happens where the middleman starts: in the Python worker of each
-Spark task, before Horovod's task function runs (:func:`wrap_mapper` is put
-around Horovod's Spark mapper on the driver). ``safe_shell_exec.execute``
+Spark task, before Horovod's task function runs (the task prologue that
+``dist_dl.launch.spark._wrap_horovod_tasks`` puts around Horovod's Spark
+mapper on the driver calls :func:`prompt_termination`). ``safe_shell_exec.execute``
 starts the middleman with multiprocessing's ``spawn``, which pickles its target
 by name: the target set here is :func:`_middleman` of this module, which the
 new interpreter imports, and which patches its own fresh copy of Horovod's
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["terminate_tree", "wrap_mapper", "prompt_termination"]
+__all__ = ["terminate_tree", "prompt_termination"]
 
 GRACE_S = 5.0   # as Horovod's GRACEFUL_TERMINATION_TIME_S
 
@@ -88,22 +89,3 @@ def prompt_termination() -> None:
     if safe_shell_exec._exec_middleman is not _middleman:
         _middleman.__wrapped__ = safe_shell_exec._exec_middleman
         safe_shell_exec._exec_middleman = _middleman
-
-
-def wrap_mapper(make_mapper):
-    """Wrap Horovod's ``horovod.spark.runner._make_mapper``: each task first
-    calls :func:`prompt_termination`, then runs Horovod's task function."""
-    if getattr(make_mapper, "_dist_dl_wrapped", False):
-        return make_mapper
-
-    def make(*args, **kwargs):
-        mapper = make_mapper(*args, **kwargs)
-
-        def prompt_mapper(index, iterator):
-            prompt_termination()
-            return mapper(index, iterator)
-
-        return prompt_mapper
-
-    make._dist_dl_wrapped = True
-    return make
