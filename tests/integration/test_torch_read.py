@@ -76,6 +76,39 @@ def test_every_row_once_per_epoch_with_its_label_in_the_plan_s_steps(shards, tra
     assert normalised.dtype == torch.float32 and -3 < normalised.mean().item() < 3
 
 
+@pytest.mark.timeout(120)
+def test_synthetic_decoding_keeps_the_rows_and_replaces_only_the_pixels(shards):
+    import torch
+
+    url, _ = shards
+    made = {decode: list(make_loader(url, 0, 2, 3, config=SMALL, seed=5, decode=decode,
+                                     with_weights=True, include_source_id=True))
+            for decode in ("cpu", "synthetic")}
+    assert len(made["cpu"]) == len(made["synthetic"])
+    assert all(torch.equal(c[1], s[1]) and torch.equal(c[2], s[2]) and c[3] == s[3]
+               for c, s in zip(made["cpu"], made["synthetic"]))
+    images = [b[0] for b in made["synthetic"]]
+    assert all(torch.equal(images[0], x) for x in images)  # made once, not per batch
+    assert images[0].dtype == torch.uint8 and images[0].shape == (3, 3, 16, 16)
+    assert images[0].is_contiguous(memory_format=torch.channels_last)
+    assert not torch.equal(images[0], made["cpu"][0][0])
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_closed_early_stops_its_thread_and_an_error_reaches_the_consumer(shards):
+    import threading
+
+    url, _ = shards
+    batches = iter(make_loader(url, 0, 1, 2, config=SMALL, prefetch=1))
+    next(batches)
+    batches.close()
+    assert not [t for t in threading.enumerate() if t.name == "dist_dl-loader"]
+    broken = make_loader(url, 0, 1, 2, config=SMALL, prefetch=1)
+    broken._batches = lambda epoch: (_ for _ in ()).throw(OSError("the shard went away"))
+    with pytest.raises(OSError, match="the shard went away"):
+        next(iter(broken))
+
+
 @pytest.mark.timeout(300)
 def test_each_rank_reads_the_rows_of_the_tensorflow_reader_in_its_order(shards):
     pytest.importorskip("tensorflow", reason=NEEDS_TF)

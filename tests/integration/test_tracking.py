@@ -15,6 +15,7 @@ from dist_dl.core import compat
 from dist_dl.tracking import (ImagePreprocessing, KerasImageClassifier, MlflowEpochLogger,
                               decode_images, log_epoch_metrics, log_keras_classifier, log_params,
                               log_tensorboard)
+from without_dist_dl import predict_without_dist_dl
 
 pytestmark = [pytest.mark.profile_subset, pytest.mark.profile_subset_164]
 
@@ -272,23 +273,6 @@ def test_pyfunc_rejects_bad_settings():
         KerasImageClassifier({"image_size": 8}, from_logits=True)
 
 
-_LOAD_WITHOUT_DIST_DL = r"""
-import json, sys
-
-class _Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name == "dist_dl" or name.startswith("dist_dl."):
-            raise ImportError("dist_dl is not installed here")
-
-sys.meta_path.insert(0, _Blocked())
-sys.modules.pop("dist_dl", None)
-import mlflow.pyfunc, pandas as pd
-blobs = [bytes.fromhex(h) for h in json.load(open(sys.argv[2]))]
-result = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.DataFrame({"image": blobs}))
-print(json.dumps(result["prediction"].tolist()))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
@@ -301,16 +285,7 @@ def test_logged_model_loads_where_dist_dl_is_not_installed(trained, tracking):
 
 def _predicted_without_dist_dl(local: str, blobs, tracking) -> list:
     """The logged model's predictions, loaded in a Python where dist_dl does not import."""
-    import json
-    import subprocess
-    import sys
-
-    inputs = tracking / "blobs.json"
-    inputs.write_text(json.dumps([b.hex() for b in blobs]))
-    done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DIST_DL, local, str(inputs)],
-                          capture_output=True, text=True, timeout=200, cwd=str(tracking))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return predict_without_dist_dl(local, blobs, tracking)["prediction"]
 
 
 @pytest.mark.timeout(240)

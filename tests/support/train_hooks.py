@@ -285,3 +285,55 @@ class KillPlan:
                     kill(self.epoch, "after the epoch's second step")
 
         return [Hook()]
+
+
+# ------------------------------------------------------------ torch engine
+
+def plain_torch_cnn(input_shape, classes):
+    """plain_cnn in torch: no batch normalisation, so n workers at batch B/n
+    take the same step as one worker at batch B."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(input_shape[-1], 8, 3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(16, classes))
+
+
+class TorchKiller:
+    """Builder of the torch engine's ``small_cnn`` whose forward pass kills
+    its own process with SIGKILL on rank ``kill_rank`` at training step
+    ``kill_step`` (counted from 0 across epochs, in this process), once: a
+    marker file ``<path>.killed`` remembers it. Every training step appends
+    ``<pid> <rank> <step>`` to ``path``."""
+
+    def __init__(self, path: str, kill_rank: int = 1, kill_step: int = 4):
+        self.path, self.kill_rank, self.kill_step = path, kill_rank, kill_step
+
+    def __call__(self, input_shape, classes):
+        import torch
+
+        from dist_dl.train.models_torch import build_torch_model
+
+        spec = self
+        net = build_torch_model("small_cnn", input_shape, classes)
+
+        class Killing(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+                self.steps = 0
+
+            def forward(self, images):
+                if self.training:
+                    rank = int(os.environ["RANK"])
+                    with open(spec.path, "a") as f:
+                        f.write(f"{os.getpid()} {rank} {self.steps}\n")
+                    marker = spec.path + ".killed"
+                    if (rank == spec.kill_rank and self.steps == spec.kill_step
+                            and not os.path.exists(marker)):
+                        open(marker, "w").close()
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    self.steps += 1
+                return self.net(images)
+
+        return Killing()

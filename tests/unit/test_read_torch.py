@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"decode": "tpu"}, r"decode must be one of \('cpu', 'gpu'\), got 'tpu'"),
+    ({"decode": "tpu"}, r"decode must be one of \('cpu', 'gpu', 'synthetic'\), got 'tpu'"),
     ({"threads": 0}, "threads must be a positive int, got 0"),
     ({"prefetch": True}, "prefetch must be a positive int, got True"),
     ({"epoch": -1}, "epoch must be an int >= 0, got -1"),

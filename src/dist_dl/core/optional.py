@@ -24,6 +24,7 @@ PACKAGES = {
     # Imported by the reader itself (read.rows.choose_reader), which falls
     # back to pyarrow under reader="auto"; listed so setup.py is checked.
     "petastorm": ("petastorm>=0.12.1", "petastorm"),
+    "torch": ("torch>=2.0", "torch"),
 }
 
 

@@ -11,7 +11,7 @@ from dist_dl.prepare._output import check_destination, clear_parquet_output, com
 from dist_dl.prepare.labels import save_label_index
 from dist_dl.prepare.schema import SUMMARY_FILE, arrow_schema
 
-__all__ = ["make_synthetic_images"]
+__all__ = ["make_synthetic_images", "write_image_shards"]
 
 
 def make_synthetic_images(output: str, rows: int, image_size: int, classes: int, *,
@@ -42,8 +42,6 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
         The summary dict, also written as ``_summary.json``.
     """
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from PIL import Image
 
     for name, value, low in (("rows", rows, 1), ("image_size", image_size, 8),
@@ -53,21 +51,11 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if not isinstance(jpeg_quality, int) or not 1 <= jpeg_quality <= 95:
         raise ValueError(f"jpeg_quality must be an int in [1, 95], got {jpeg_quality!r}")
-    path = local_path(output, "output")
-    check_destination(path, format, mode)
-    if format == "parquet" and mode == "overwrite" and os.path.isdir(path):
-        clear_parquet_output(path)
-    os.makedirs(path, exist_ok=True)
-
     rng = np.random.default_rng(seed)
     coarse = max(2, image_size // 16)
-    tag = uuid.uuid4().hex[:12]
-    schema = arrow_schema()
-    files = []
-    for start in range(0, rows, rows_per_row_group):
-        count = min(rows_per_row_group, rows - start)
-        images, labels = [], []
-        for i in range(start, start + count):
+
+    def images():
+        for _ in range(rows):
             field = rng.integers(0, 256, (coarse, coarse, 3), dtype=np.uint8)
             smooth = np.asarray(Image.fromarray(field).resize((image_size, image_size),
                                                               Image.Resampling.BICUBIC))
@@ -75,29 +63,87 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
             pixels = np.clip(smooth.astype(np.int16) + noise, 0, 255).astype(np.uint8)
             buf = io.BytesIO()
             Image.fromarray(pixels).save(buf, format="JPEG", quality=jpeg_quality)
-            images.append(buf.getvalue())
-            labels.append(i % classes)
+            yield buf.getvalue()
+
+    return write_image_shards(output, images(), [i % classes for i in range(rows)], classes,
+                              format=format, mode=mode, source=f"synthetic-{seed}",
+                              rows_per_row_group=rows_per_row_group,
+                              encoding={"resize_short_side": None, "max_side": None,
+                                        "jpeg_quality": jpeg_quality})
+
+
+def write_image_shards(output: str, images, labels: list[int], classes: int, *,
+                       format: str = "parquet", mode: str = "error", source: str = "images",
+                       rows_per_row_group: int = 512, encoding: dict | None = None) -> dict:
+    """Write encoded ``images`` (an iterable of bytes, one per label) with
+    their ``labels`` (ints in ``[0, classes)``, named ``class<i>``) as image
+    shards: the schema, sidecar files and layout of
+    :func:`~dist_dl.prepare.prepare_image_dataset`, without Spark. Row ``i``'s
+    ``source_id`` is ``<source>-<i>``.
+
+    Returns:
+        The summary dict, also written as ``_summary.json``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    if not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"classes must be an int >= 1, got {classes!r}")
+    bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < classes)]
+    if bad:
+        raise ValueError(f"labels must be ints in [0, {classes}), got {bad[0]!r}")
+    path = local_path(output, "output")
+    check_destination(path, format, mode)
+    if format == "parquet" and mode == "overwrite" and os.path.isdir(path):
+        clear_parquet_output(path)
+    os.makedirs(path, exist_ok=True)
+    tag = uuid.uuid4().hex[:12]
+    schema = arrow_schema()
+    files, pending, written = [], [], 0
+    images = iter(images)
+
+    def flush():
+        data, sizes = [row[0] for row in pending], [row[1] for row in pending]
+        names = [f"class{labels[i]}" for i in range(written, written + len(pending))]
         table = pa.Table.from_arrays([
-            pa.array(images, pa.binary()),
-            pa.array(labels, pa.int32()),
-            pa.array([f"class{c}" for c in labels], pa.string()),
-            pa.array([f"synthetic-{seed}-{i}" for i in range(start, start + count)], pa.string()),
-            pa.array([image_size] * count, pa.int32()),
-            pa.array([image_size] * count, pa.int32()),
+            pa.array(data, pa.binary()),
+            pa.array(labels[written:written + len(pending)], pa.int32()),
+            pa.array(names, pa.string()),
+            pa.array([f"{source}-{i}" for i in range(written, written + len(pending))],
+                     pa.string()),
+            pa.array([h for _, h in sizes], pa.int32()),
+            pa.array([w for w, _ in sizes], pa.int32()),
         ], schema=schema)
-        name = f"part-{start // rows_per_row_group:05d}-{tag}.parquet"
-        pq.write_table(table, os.path.join(path, name), row_group_size=count,
+        name = f"part-{len(files):05d}-{tag}.parquet"
+        pq.write_table(table, os.path.join(path, name), row_group_size=len(pending),
                        compression="snappy")
         files.append(name)
+
+    for i in range(len(labels)):
+        try:
+            data = next(images)
+        except StopIteration:
+            raise ValueError(f"{i} images for {len(labels)} labels: give one image per "
+                             "label") from None
+        with Image.open(io.BytesIO(data)) as image:
+            pending.append((data, image.size))
+        if len(pending) == rows_per_row_group:
+            flush()
+            written += len(pending)
+            pending = []
+    if pending:
+        flush()
+        written += len(pending)
     version = None
     if format == "delta":
         version = commit_delta(path, files, "overwrite" if mode == "overwrite" and
                                is_delta_table(path) else "append")
     save_label_index(path, {f"class{c}": c for c in range(classes)})
-    summary = {"output": str(output), "format": format, "rows_in": rows, "rows_written": rows,
-               "rows_skipped": 0, "skipped_by_reason": {}, "skipped_examples": [],
-               "classes": classes, "delta_version": version,
-               "encoding": {"resize_short_side": None, "max_side": None,
-                            "jpeg_quality": jpeg_quality}}
+    summary = {"output": str(output), "format": format, "rows_in": written,
+               "rows_written": written, "rows_skipped": 0, "skipped_by_reason": {},
+               "skipped_examples": [], "classes": classes, "delta_version": version,
+               "encoding": dict(encoding or {"resize_short_side": None, "max_side": None,
+                                             "jpeg_quality": None})}
     write_json(path, SUMMARY_FILE, summary)
     return summary

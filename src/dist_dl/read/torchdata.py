@@ -28,9 +28,9 @@ from dist_dl.read.augment import ReaderConfig, eval_window
 from dist_dl.read.imaging import crop_draws, decode_into, train_window
 from dist_dl.read.rows import choose_reader, epoch_rows, rank_passes, rank_plan
 
-__all__ = ["make_loader", "TorchLoader", "Normalize", "decode_threads", "DECODES"]
+__all__ = ["make_loader", "TorchLoader", "Normalize", "decode_threads", "crop_resize_flip", "DECODES"]
 
-DECODES = ("cpu", "gpu")
+DECODES = ("cpu", "gpu", "synthetic")
 
 
 def decode_threads(environ=None) -> int:
@@ -93,9 +93,14 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
         decode: ``"cpu"``: Pillow in ``threads`` threads. ``"gpu"``:
             torchvision's JPEG decoder on the CUDA device ``device`` (default
             the current one), the crop, resize and flip there too; needs
-            torchvision and a GPU.
+            torchvision and a GPU. ``"synthetic"``: no decoding: the same
+            random images every batch, made once on ``device`` (default the
+            CPU), with the shard's labels, weights and row order; measures
+            a training loop without its image decoding (as synthetic data
+            in tf_cnn_benchmarks).
         threads: Decoding threads (``"cpu"``); default :func:`decode_threads`.
-        prefetch: Batches decoded ahead of the one yielded (``"cpu"``).
+        prefetch: Batches made ahead of the one yielded, by a thread of
+            the loader's own (and as many more in decoding with ``"cpu"``).
         with_weights: Also yield the rows' weights (1.0 for rows read in the
             epoch's first pass over the shard, 0.0 for rows repeated to fill
             the last batches).
@@ -128,6 +133,10 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     if decode == "gpu":
         device = _gpu_device(device)
+    elif decode == "synthetic" and device is not None:
+        import torch
+
+        device = torch.device(device)
     files, steps = rank_plan(url, rank, num_workers, batch_size, config=config,
                              steps_per_epoch=steps_per_epoch, version=version,
                              initial_epoch=epoch)
@@ -178,6 +187,8 @@ class TorchLoader:
         self._decode, self._threads, self._prefetch = decode, threads, prefetch
         self._with_weights, self._include_source_id = with_weights, include_source_id
         self._pin_memory, self._device = pin_memory, device
+        self._synthetic = None
+        self._stream = None
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -191,7 +202,8 @@ class TorchLoader:
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
-        return self._batches(epoch)
+        handoff = self._gpu_handoff if self._decode == "gpu" else None
+        return _in_background(self._batches(epoch), self._prefetch, handoff)
 
     def _rows(self, epoch, rng):
         """``(jpeg, label, weight, source_id)`` of the epoch's rows, shuffled
@@ -222,7 +234,13 @@ class TorchLoader:
                 flips = (rng.random(len(batch)) < 0.5 if self._training and self._config.flip
                          else np.zeros(len(batch), bool))
                 if self._decode == "gpu":
-                    yield self._batch(self._gpu_images(jpegs, draws, flips), labels, weights, ids)
+                    with self._gpu_stream():
+                        made = self._batch(self._gpu_images(jpegs, draws, flips), labels,
+                                           weights, ids)
+                    yield made
+                    continue
+                if self._decode == "synthetic":
+                    yield self._batch(self._synthetic_images(len(batch)), labels, weights, ids)
                     continue
                 out = np.empty((len(batch), size, size, 3), np.uint8)
                 jobs = [pool.submit(decode_into, out[i], jpeg, self._config,
@@ -252,7 +270,7 @@ class TorchLoader:
         import torch
 
         labels, weights = torch.from_numpy(labels), torch.from_numpy(weights)
-        if self._decode == "gpu":
+        if self._decode != "cpu" and self._device is not None:
             labels = labels.to(self._device, non_blocking=True)
             weights = weights.to(self._device, non_blocking=True)
         elif self._pin_memory and torch.cuda.is_available():
@@ -260,33 +278,150 @@ class TorchLoader:
         batch = (images, labels, weights) if self._with_weights else (images, labels)
         return batch + (ids,) if self._include_source_id else batch
 
-    def _gpu_images(self, jpegs, draws, flips):
-        """The batch decoded, cropped, resized and flipped on the GPU.
-
-        Not exercised by this repository's tests (no CUDA and no torchvision
-        in its profiles). The windows are the CPU path's; the resize is
-        bilinear with antialiasing, as Pillow's.
-        """
+    def _synthetic_images(self, count: int):
+        """``decode="synthetic"``: random uint8 images, made once per size."""
         import torch
-        import torch.nn.functional as F
+
+        cached = getattr(self, "_synthetic", None)
+        if cached is None or cached.shape[0] != count:
+            size = self._config.image_size
+            generator = torch.Generator().manual_seed(0 if self._seed is None else self._seed)
+            cached = torch.randint(0, 256, (count, 3, size, size), dtype=torch.uint8,
+                                   generator=generator)
+            cached = cached.to(self._device or "cpu").contiguous(
+                memory_format=torch.channels_last)
+            self._synthetic = cached
+        return cached
+
+    def _gpu_stream(self):
+        """The loader's own CUDA stream, made current (``decode="gpu"``).
+
+        torchvision's batched CUDA decoder (0.19 and later,
+        ``decode_jpegs_cuda``) allocates its output tensors on the caller's
+        current stream but writes them on a stream of its own, which waits
+        for nothing: a block the caching allocator hands it can still be in
+        use by kernels queued on the current stream. On the training
+        stream those are the step in flight, whose activations or gradients
+        the decoder then overwrites (NaN losses on an H200 with torchvision
+        0.26; memory handed out by the allocator is only safe for the
+        stream it was allocated on). So the loader decodes with a stream of
+        its own current, waits for that stream's queued work before each
+        decode, and hands every batch over to the consumer's stream
+        (:meth:`_gpu_handoff`)."""
+        import torch
+
+        if getattr(self, "_stream", None) is None:
+            self._stream = torch.cuda.Stream(self._device)
+        # The previous batch's crops are done before the decoder writes.
+        self._stream.synchronize()
+        return torch.cuda.stream(self._stream)
+
+    def _gpu_handoff(self, batch):
+        """In the consumer's thread: its current stream waits for the
+        loader's, and the allocator keeps the batch's memory until that
+        stream is done with it."""
+        import torch
+
+        current = torch.cuda.current_stream(self._device)
+        current.wait_stream(self._stream)
+        for item in batch:
+            if isinstance(item, torch.Tensor) and item.is_cuda:
+                item.record_stream(current)
+        return batch
+
+    def _gpu_images(self, jpegs, draws, flips):
+        """The batch decoded, cropped, resized and flipped on the GPU
+        (torchvision's CUDA JPEG decoder; see :func:`crop_resize_flip`), on
+        the loader's stream (see :meth:`_gpu_stream`)."""
+        import torch
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        size = self._config.image_size
         data = [torch.frombuffer(bytearray(jpeg), dtype=torch.uint8) for jpeg in jpegs]
         decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=self._device)
-        out = torch.empty((len(jpegs), 3, size, size), dtype=torch.uint8, device=self._device)
-        for i, image in enumerate(decoded):
-            height, width = image.shape[1:]
-            top, left, crop_h, crop_w = (
-                eval_window(height, width, self._config) if draws is None
-                else train_window(height, width, draws[i], self._config))
-            crop = image[None, :, top:top + crop_h, left:left + crop_w].float()
-            crop = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False,
-                                 antialias=True)
-            if flips[i]:
-                crop = crop.flip(-1)
-            out[i] = crop[0].round_().clamp_(0, 255).to(torch.uint8)
-        return out.contiguous(memory_format=torch.channels_last)
+        windows = [eval_window(image.shape[1], image.shape[2], self._config) if draws is None
+                   else train_window(image.shape[1], image.shape[2], draws[i], self._config)
+                   for i, image in enumerate(decoded)]
+        return crop_resize_flip(decoded, windows, flips, self._config.image_size)
+
+
+def crop_resize_flip(images, windows, flips, size: int):
+    """uint8 ``[n, 3, size, size]`` (channels-last memory) from ``images``
+    (uint8 ``[3, h, w]`` tensors of any sizes, on one device): each one's
+    ``(top, left, height, width)`` window resized to ``size`` and flipped
+    left-right where ``flips`` says, in a few batched operations: the images
+    are padded into one tensor and resized by ``torchvision.ops.roi_align``
+    (each output pixel the mean of the window's points that fall in it: an
+    area filter when shrinking, as antialiased resizing is; bilinear when
+    enlarging). The pixels differ slightly from Pillow's bilinear filter
+    (measured by benchmarks/gpu.py's decode check)."""
+    import torch
+    from torchvision.ops import roi_align
+
+    device = images[0].device
+    height = max(image.shape[1] for image in images)
+    width = max(image.shape[2] for image in images)
+    padded = torch.zeros((len(images), 3, height, width), dtype=torch.uint8, device=device)
+    for i, image in enumerate(images):
+        padded[i, :, :image.shape[1], :image.shape[2]] = image
+    boxes = torch.tensor([[i, left, top, left + w, top + h]
+                          for i, (top, left, h, w) in enumerate(windows)],
+                         dtype=torch.float32).to(device, non_blocking=True)
+    out = roi_align(padded.float(), boxes, output_size=size, sampling_ratio=-1, aligned=True)
+    flipped = torch.as_tensor(list(flips), dtype=torch.bool).to(device, non_blocking=True)
+    out = torch.where(flipped[:, None, None, None], out.flip(-1), out)
+    return out.round_().clamp_(0, 255).to(torch.uint8).contiguous(
+        memory_format=torch.channels_last)
+
+
+_DONE = object()
+
+
+def _in_background(batches, depth: int, handoff=None):
+    """Yield what ``batches`` yields, made by a thread of its own up to
+    ``depth`` batches ahead: reading rows and assembling batches (and, with
+    ``decode="gpu"``, launching the decoding) overlap the training step that
+    consumes them; ``handoff(batch)``, if given, runs in the consumer's
+    thread before each batch is yielded. An error in the thread is raised
+    here; closing this generator stops the thread and closes ``batches``."""
+    import queue
+    import threading
+
+    ready = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        """Queue ``item`` unless the consumer has left; whether it was queued."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            with contextlib.closing(batches):
+                for batch in batches:
+                    if not put(batch):
+                        return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(exc)
+
+    thread = threading.Thread(target=produce, name="dist_dl-loader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item if handoff is None else handoff(item)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _shuffled(rows, buffer: int, rng):

@@ -82,12 +82,19 @@ def _pickled_by_value():
     """Pickle the pyfunc class and its preprocessing by value, so that the
     logged model loads where ``dist_dl`` is not installed (a serving endpoint,
     another workspace): it needs only MLflow, TensorFlow, Pillow and NumPy."""
-    import cloudpickle
-
     from dist_dl.tracking import preprocess, pyfunc
 
     # compat: for saved_keras_major, which the pyfunc calls when it loads.
-    modules = (pyfunc, preprocess, compat)
+    with pickled_by_value(pyfunc, preprocess, compat):
+        yield
+
+
+@contextlib.contextmanager
+def pickled_by_value(*modules):
+    """Within the block, cloudpickle pickles what ``modules`` define by
+    value (their code travels in the pickle) rather than by reference."""
+    import cloudpickle
+
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
     try:
@@ -192,6 +199,12 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
                 metadata={"preprocessing": preprocessing.to_dict(), "image_col": image_col,
                           "from_logits": from_logits, "class_names": python_model.class_names})
         run_id = run.info.run_id
+    return logged_model(info, run_id, artifact_path, registered_model_name)
+
+
+def logged_model(info, run_id: str, artifact_path: str,
+                 registered_model_name: str | None) -> LoggedModel:
+    """The :class:`LoggedModel` of what ``log_model`` returned (``info``)."""
     version = getattr(info, "registered_model_version", None)
     if registered_model_name is not None and version is None:
         version = _registered_version(registered_model_name, run_id)

@@ -26,13 +26,71 @@ import pandas as pd
 from dist_dl.core.compat import saved_keras_major
 from dist_dl.tracking.preprocess import ImagePreprocessing, decode_images
 
-__all__ = ["KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
+__all__ = ["ImageClassifier", "KerasImageClassifier", "OUTPUT_COLUMNS", "KERAS_ARTIFACT"]
 
 OUTPUT_COLUMNS = ("prediction", "probability", "probabilities")
 KERAS_ARTIFACT = "keras_model"
 
 
-class KerasImageClassifier(mlflow.pyfunc.PythonModel):
+class ImageClassifier(mlflow.pyfunc.PythonModel):
+    """What every logged image classifier shares: the input's checks, the
+    batching and the output frame (see the module docstring). A subclass
+    gives :meth:`_probabilities` and :meth:`_class_count`, and sets
+    ``image_col`` and ``batch_size``."""
+
+    image_col = "image"
+    batch_size = 64
+
+    # The pd.DataFrame hint tells MLflow to validate against the logged
+    # signature (a binary column) rather than infer a schema from the hint.
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        """Score a DataFrame of encoded images; see the module docstring."""
+        import numpy as np
+
+        self._check_loaded()
+        if not isinstance(model_input, pd.DataFrame):
+            raise ValueError(f"model_input must be a pandas DataFrame with a column "
+                             f"{self.image_col!r}, got {type(model_input).__name__}")
+        if self.image_col not in model_input.columns:
+            raise ValueError(f"model_input has no column {self.image_col!r} of encoded images; "
+                             f"its columns are {list(model_input.columns)}")
+        images = model_input[self.image_col].tolist()
+        probabilities = [self._probabilities(images[start:start + self.batch_size],
+                                             model_input.index[start:start + self.batch_size])
+                         for start in range(0, len(images), self.batch_size)]
+        probs = (np.concatenate(probabilities) if probabilities
+                 else np.zeros((0, self._class_count()), dtype="float64"))
+        predictions = probs.argmax(axis=1).astype("int64")
+        return pd.DataFrame({
+            "prediction": predictions,
+            "probability": probs[np.arange(len(probs)), predictions].astype("float64"),
+            "probabilities": list(probs.astype("float64")),
+        }, index=model_input.index)
+
+    def _settings(self, image_col: str, class_names, batch_size: int) -> None:
+        """Check and keep the settings every classifier has."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not image_col or not isinstance(image_col, str):
+            raise ValueError(f"image_col must be a column name, got {image_col!r}")
+        self.image_col = image_col
+        self.class_names = None if class_names is None else [str(c) for c in class_names]
+        self.batch_size = batch_size
+
+    def _check_loaded(self) -> None:
+        """Raise RuntimeError where the model itself is not loaded."""
+        raise NotImplementedError
+
+    def _probabilities(self, images: list, index):
+        """float64 ``[len(images), classes]`` for one batch; ``index``: the
+        rows' labels in the caller's frame (for errors)."""
+        raise NotImplementedError
+
+    def _class_count(self) -> int:
+        raise NotImplementedError
+
+
+class KerasImageClassifier(ImageClassifier):
     """Decodes, resizes and normalises images, runs the Keras model, returns
     the class index and its probability (see the module docstring for the
     schema).
@@ -59,15 +117,9 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
                              f"got {type(preprocessing).__name__}")
         if not isinstance(from_logits, bool):
             raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not image_col or not isinstance(image_col, str):
-            raise ValueError(f"image_col must be a column name, got {image_col!r}")
+        self._settings(image_col, class_names, batch_size)
         self.preprocessing = preprocessing
         self.from_logits = from_logits
-        self.image_col = image_col
-        self.class_names = None if class_names is None else [str(c) for c in class_names]
-        self.batch_size = batch_size
         self._model = None
 
     def __getstate__(self):
@@ -97,45 +149,23 @@ class KerasImageClassifier(mlflow.pyfunc.PythonModel):
         """Use ``model`` directly (in-process use without MLflow loading)."""
         self._model = model
 
-    # The pd.DataFrame hint tells MLflow to validate against the logged
-    # signature (a binary column) rather than infer a schema from the hint.
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        """Score a DataFrame of encoded images; see the module docstring."""
-        import numpy as np
+    def _class_count(self) -> int:
+        return int(self._model.output_shape[-1])
 
+    def _check_loaded(self) -> None:
         if self._model is None:
             raise RuntimeError("no Keras model loaded: load this model with mlflow.pyfunc.load_model")
-        if not isinstance(model_input, pd.DataFrame):
-            raise ValueError(f"model_input must be a pandas DataFrame with a column "
-                             f"{self.image_col!r}, got {type(model_input).__name__}")
-        if self.image_col not in model_input.columns:
-            raise ValueError(f"model_input has no column {self.image_col!r} of encoded images; "
-                             f"its columns are {list(model_input.columns)}")
-        images = model_input[self.image_col].tolist()
-        probabilities = []
-        for start in range(0, len(images), self.batch_size):
-            try:
-                batch = decode_images(images[start:start + self.batch_size], self.preprocessing)
-            except ValueError as exc:
-                # Name the row of the caller's frame, not the position in the batch.
-                raise ValueError(f"in column {self.image_col!r}, batch starting at row "
-                                 f"{model_input.index[start]!r}: {exc}") from None
-            probabilities.append(self._probabilities(batch))
-        num_classes = int(self._model.output_shape[-1])
-        probs = (np.concatenate(probabilities) if probabilities
-                 else np.zeros((0, num_classes), dtype="float64"))
-        predictions = probs.argmax(axis=1).astype("int64")
-        return pd.DataFrame({
-            "prediction": predictions,
-            "probability": probs[np.arange(len(probs)), predictions].astype("float64"),
-            "probabilities": list(probs.astype("float64")),
-        }, index=model_input.index)
 
-    def _probabilities(self, batch):
+    def _probabilities(self, images: list, index):
         import tensorflow as tf
 
+        try:
+            batch = decode_images(images, self.preprocessing)
+        except ValueError as exc:
+            # Name the row of the caller's frame, not the position in the batch.
+            raise ValueError(f"in column {self.image_col!r}, batch starting at row "
+                             f"{index[0]!r}: {exc}") from None
         outputs = self._model(batch, training=False)
         if self.from_logits:
             outputs = tf.nn.softmax(outputs, axis=-1)
         return outputs.numpy().astype("float64")
-

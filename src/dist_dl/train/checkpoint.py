@@ -1,4 +1,4 @@
-"""Atomic, verified per-epoch checkpoints of a Keras model and its optimizer.
+"""Atomic, verified per-epoch checkpoints of a model and its optimizer (Keras or torch).
 
 Runs inside each worker. One process writes (Horovod rank 0); any process can
 read. The format, in ``directory``::
@@ -10,6 +10,11 @@ read. The format, in ``directory``::
                                  file above with its size and SHA-256;
                                  with a key, an HMAC of all that
     .tmp-ckpt-000004-<uuid>/     a write in progress (or one a crash left)
+
+The torch engine (``engine="torch"``) saves one ``state.pt`` instead
+(:meth:`CheckpointManager.save_torch`: the model's, optimizer's and gradient
+scaler's state dicts and the step, ``torch.save``), published, verified and
+signed in the same way, and read back with ``torch.load(weights_only=True)``.
 
 A Keras 3 model (``train_distributed(..., keras=3)``) is saved in Keras 3's
 own ``.keras`` format instead of the two ``state`` files: ``model.keras``
@@ -87,6 +92,7 @@ _SIGNATURE = "signature"
 FORMAT_VERSION = 1
 _STATE_PREFIX = "state"
 KERAS_STATE = "model.keras"  # a Keras 3 model's checkpoint (see the module's notes)
+TORCH_STATE = "state.pt"  # the torch engine's checkpoint (CheckpointManager.save_torch)
 _NAME = re.compile(r"^ckpt-(\d{6,})-(\d+)$")
 _TMP_PREFIX = ".tmp-ckpt-"
 
@@ -175,30 +181,65 @@ class CheckpointManager:
         Returns:
             The published checkpoint.
         """
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0 (epochs completed), got {epoch!r}")
-        metadata = dict(metadata or {})
-        try:
-            json.dumps(metadata)
-        except TypeError as exc:
-            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        metadata = _checked(epoch, metadata)
         optimizer = optimizer_of(model, optimizer) if include_optimizer else None
 
         if optimizer is not None:
             # Before the first step Keras has not created the slots yet; make
             # them now so that every checkpoint holds the full optimizer state.
             build_optimizer(optimizer, model)
+        return self._publish(epoch, metadata, lambda tmp: write_state(tmp, model, optimizer),
+                             has_optimizer=optimizer is not None)
+
+    def save_torch(self, state: Mapping[str, Any], epoch: int, *,
+                   metadata: Mapping[str, Any] | None = None) -> CheckpointInfo:
+        """Write a torch engine's checkpoint and publish it as :meth:`save` does.
+
+        Args:
+            state: What to restore: state dicts (model, optimizer, gradient
+                scaler) and plain values, saved with ``torch.save`` as
+                ``state.pt`` (loaded back with ``weights_only=True``: tensors,
+                numbers, strings, lists and dicts only).
+            epoch: Number of epochs completed.
+            metadata: JSON-serialisable values stored in the manifest.
+        """
+        import torch
+
+        metadata = _checked(epoch, metadata)
+        return self._publish(epoch, metadata,
+                             lambda tmp: torch.save(dict(state), tmp / TORCH_STATE),
+                             has_optimizer="optimizer" in state)
+
+    def read_torch(self, checkpoint: CheckpointInfo, map_location="cpu") -> dict:
+        """The ``state`` a :meth:`save_torch` checkpoint holds (verified first).
+
+        Raises:
+            ValueError: the checkpoint is not a torch engine's, or fails
+                verification (see :meth:`verify`).
+        """
+        import torch
+
+        info = self.verify(checkpoint.path)
+        path = info.path / TORCH_STATE
+        if not path.is_file():
+            raise ValueError(f"checkpoint {info.path} was written by a TensorFlow engine, not the "
+                             "torch engine: resume it with the engine that wrote it, or train "
+                             "into another checkpoint_dir")
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    def _publish(self, epoch: int, metadata: dict, write, *, has_optimizer: bool) -> CheckpointInfo:
+        """Run ``write(folder)`` into a temporary folder, then publish it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
         tmp = self.directory / f"{_TMP_PREFIX}{epoch:06d}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            write_state(tmp, model, optimizer)
+            write(tmp)
             files = {}
             for path in sorted(tmp.iterdir()):
                 _fsync_file(path)
                 files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-            manifest = {"format": FORMAT_VERSION, "epoch": epoch, "has_optimizer": optimizer is not None,
+            manifest = {"format": FORMAT_VERSION, "epoch": epoch, "has_optimizer": has_optimizer,
                         "created": time.time(), "metadata": metadata, "files": files}
             if self._key is not None:
                 manifest[_SIGNATURE] = {"key_id": key_id(self._key),
@@ -216,7 +257,7 @@ class CheckpointManager:
             raise
         _log.info("checkpoint of epoch %d published at %s", epoch, final)
         self._prune(keep_path=final)
-        return CheckpointInfo(final, epoch, metadata, optimizer is not None)
+        return CheckpointInfo(final, epoch, metadata, has_optimizer)
 
     def _remove_stale_temporaries(self) -> None:
         # Only one writer per directory, so any temporary here is from a write
@@ -271,7 +312,7 @@ class CheckpointManager:
         if self._key is not None:
             self._check_signature(path, manifest)
         files = manifest.get("files") or {}
-        if not any(name.startswith(_STATE_PREFIX + ".index") or name == KERAS_STATE
+        if not any(name.startswith(_STATE_PREFIX + ".index") or name in (KERAS_STATE, TORCH_STATE)
                    for name in files):
             raise ValueError(f"checkpoint {path}: {MANIFEST} lists no state files")
         for name, expected in sorted(files.items()):
@@ -376,6 +417,9 @@ class CheckpointManager:
                              "pass include_optimizer=False to restore the model only")
         if optimizer is not None:
             build_optimizer(optimizer, model)
+        if (info.path / TORCH_STATE).is_file():
+            raise ValueError(f"checkpoint {info.path} was written by the torch engine: resume "
+                             "it with engine='torch', or train into another checkpoint_dir")
         try:
             if (info.path / KERAS_STATE).is_file():
                 _read_keras3_state(info.path / KERAS_STATE, model, optimizer)
@@ -394,6 +438,18 @@ class CheckpointManager:
                              f"{exc}") from None
         _log.info("restored checkpoint %s (epoch %d)", info.path, info.epoch)
         return info
+
+
+def _checked(epoch, metadata) -> dict:
+    """``metadata`` as a dict, once ``epoch`` and ``metadata`` are checked."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0 (epochs completed), got {epoch!r}")
+    metadata = dict(metadata or {})
+    try:
+        json.dumps(metadata)
+    except TypeError as exc:
+        raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+    return metadata
 
 
 def write_state(folder: Path, model, optimizer) -> None:

@@ -12,10 +12,11 @@ from dist_dl.core.settings import checked, setting
 from dist_dl.prepare.images import MIN_SIDE
 from dist_dl.read.augment import READERS
 
-__all__ = ["TrainConfig", "BACKENDS", "ENGINES"]
+__all__ = ["TrainConfig", "BACKENDS", "ENGINES", "DECODES"]
 
 BACKENDS = ("auto", "local", "spark")
-ENGINES = ("auto", "horovod", "tensorflow")
+ENGINES = ("auto", "horovod", "tensorflow", "torch")
+DECODES = ("cpu", "gpu", "synthetic")
 # Settings of Horovod's allreduce that tf.distribute has no counterpart for:
 # with engine="tensorflow" they are refused, not ignored.
 HOROVOD_ONLY = {"fp16_allreduce": False, "backward_passes_per_step": 1, "cycle_time_ms": None,
@@ -49,8 +50,10 @@ class TrainConfig:
         engine: ``"horovod"`` (allreduce by Horovod over Gloo, NCCL or MPI),
             ``"tensorflow"`` (tf.distribute's MultiWorkerMirroredStrategy:
             for runtimes without Horovod, Databricks Runtime 16.0 ML and
-            later) or ``"auto"`` (default): Horovod where
-            ``horovod.tensorflow`` imports, else tf.distribute.
+            later), ``"torch"`` (PyTorch DistributedDataParallel over Gloo
+            on CPUs, NCCL on GPUs; the model a ``torch.nn.Module``) or
+            ``"auto"`` (default): Horovod where ``horovod.tensorflow``
+            imports, else tf.distribute where TensorFlow imports, else torch.
         keras: ``2`` (default): the model is a Keras 2 model (``tf.keras``
             up to TensorFlow 2.15, the ``tf-keras`` package from 2.16 on, as
             Horovod needs); ``3``: a Keras 3 model (the ``keras`` package,
@@ -109,10 +112,20 @@ class TrainConfig:
             arrow reader), ``"petastorm"`` or ``"arrow"`` (pyarrow alone);
             see :class:`dist_dl.read.ReaderConfig`.
         cache_dir: Local folder to cache each worker's shard after the first epoch.
+        decode: Where the torch engine decodes JPEGs: ``"cpu"`` (default:
+            Pillow in threads, the worker's share of the host's cores) or
+            ``"gpu"`` (torchvision's CUDA decoder, crop and resize on the
+            worker's GPU), or ``"synthetic"`` (no decoding: random images
+            made once on the worker's device, with the shards' labels: the
+            training loop's speed without its input, for benchmarks). The
+            TensorFlow engines decode on the CPU only.
 
     Precision and communication:
         mixed_precision: ``"auto"`` (default): float16 compute on GPUs,
-            float32 on CPUs; ``"on"`` or ``"off"`` to force.
+            float32 on CPUs; ``"on"`` or ``"off"`` to force. The torch
+            engine computes in bfloat16 where the GPU has it (autocast; no
+            loss scaling needed), else float16 with a gradient scaler, and
+            in bfloat16 on CPUs with ``"on"``.
         fp16_allreduce: Compress gradients to float16 for the allreduce.
         backward_passes_per_step: Accumulate gradients of this many batches
             locally before one allreduce and update (fewer allreduces per
@@ -182,6 +195,7 @@ class TrainConfig:
     reader_threads: int = setting(2, low=1)
     reader: str = setting("auto", choices=READERS)
     cache_dir: str | None = setting(None)
+    decode: str = setting("cpu", choices=DECODES)
 
     mixed_precision: str = setting("auto", choices=("auto", "on", "off"))
     fp16_allreduce: bool = setting(False)

@@ -58,6 +58,8 @@ class TrainedModel:
         checkpoint_dir: Its checkpoints (a new run pointed there resumes).
         attempts: Attempts it took (1 if nothing failed).
         image_col: The image column ``transform`` reads by default.
+        engine: The engine that trained it (``"horovod"``, ``"tensorflow"``
+            or ``"torch"``).
     """
 
     run_id: str
@@ -73,6 +75,7 @@ class TrainedModel:
     checkpoint_dir: str = ""
     attempts: int = 1
     image_col: str = "image"
+    engine: str = "horovod"
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -92,8 +95,22 @@ class TrainedModel:
                                    probabilities_col=probabilities_col, batch_size=batch_size,
                                    on_error=on_error, error_col=error_col)
 
+    def torch_model(self):
+        """The trained torch network (float32, eval mode, logits out; its
+        input normalised as :class:`~dist_dl.read.torchdata.Normalize`
+        does), loaded from the run's ``pytorch_model`` (MLflow's pytorch
+        flavour)."""
+        if self.engine != "torch":
+            raise ValueError(f"this model was trained by engine {self.engine!r}: use keras_model()")
+        import mlflow.pytorch
+
+        with mlflow_target(self.tracking_uri):
+            return mlflow.pytorch.load_model(f"runs:/{self.run_id}/pytorch_model").eval()
+
     def keras_model(self):
         """The trained Keras model (float32, logits out), loaded from the run."""
+        if self.engine == "torch":
+            raise ValueError("this model was trained by engine 'torch': use torch_model()")
         import mlflow.artifacts
 
 
@@ -109,8 +126,8 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
                       run_name: str | None = None, registered_model_name: str | None = None,
                       **settings) -> TrainedModel:
     """Train an image classifier on all workers, synchronously (Horovod's
-    allreduce, or tf.distribute's MultiWorkerMirroredStrategy where Horovod
-    is missing: ``engine``).
+    allreduce, tf.distribute's MultiWorkerMirroredStrategy where Horovod is
+    missing, or PyTorch DistributedDataParallel: ``engine``).
 
     Args:
         data: A Spark DataFrame with an encoded-image column (bytes, or paths
@@ -130,9 +147,11 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             validation pass); for shards, no validation pass (the run's
             ``validation`` parameter is then empty).
         model: A registry name, or a builder ``(input_shape, classes) ->
-            keras.Model`` returning logits (default ``config.model``).
+            keras.Model`` returning logits (default ``config.model``); with
+            ``engine="torch"`` a builder returning a ``torch.nn.Module``
+            (float images ``[batch, 3, height, width]`` in, logits out).
         callbacks: Function returning extra Keras callbacks, called in every
-            worker (it must be picklable).
+            worker (it must be picklable); not with ``engine="torch"``.
         spark: SparkSession; default the DataFrame's, or the active one.
         tracking_uri: MLflow tracking URI (default: MLflow's current one).
         experiment_name: MLflow experiment name (default: the active one,
@@ -163,8 +182,13 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
     if not (callable(builder) or isinstance(builder, str)):
         raise ValueError(f"model must be a registry name or a builder function, got {builder!r}")
     if isinstance(builder, str) and builder not in _model_names():
+        kind = "torch.nn.Module" if cfg.engine == "torch" else "keras.Model"
         raise ValueError(f"unknown model {builder!r}: use one of {', '.join(_model_names())} or "
-                         "pass a builder function (input_shape, classes) -> keras.Model")
+                         f"pass a builder function (input_shape, classes) -> {kind}")
+    if callbacks is not None and cfg.engine == "torch":
+        raise ValueError("callbacks are Keras callbacks, and engine 'torch' trains a torch "
+                         "module: drop callbacks (the run's metrics are in MLflow), or train a "
+                         "Keras model with engine='horovod' or 'tensorflow'")
     if callbacks is not None and not callable(callbacks):
         raise ValueError("callbacks must be a function that returns a list of Keras callbacks "
                          "(it runs in every worker)")
@@ -268,7 +292,8 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                         initial_epoch=initial_epoch,
                         num_workers=cfg.num_workers,
                         classes=classes, class_names=tuple(class_names),
-                        checkpoint_dir=checkpoint_dir, attempts=attempts, image_col=cfg.image_col)
+                        checkpoint_dir=checkpoint_dir, attempts=attempts, image_col=cfg.image_col,
+                        engine=cfg.engine)
 
 
 def _registry_uri() -> str | None:
@@ -310,6 +335,12 @@ def _engine(cfg: TrainConfig) -> str:
     # auto_engine() imports Horovod (and TensorFlow): at most once, and not
     # for an explicit engine="tensorflow".
     engine = cfg.engine
+    if engine == "torch" or (engine == "auto" and cfg.keras == 2 and _torch_only()):
+        return _torch_engine(cfg)
+    if cfg.decode != "cpu":
+        raise ValueError(f"decode={cfg.decode!r} is the torch engine's (torchvision's GPU JPEG "
+                         f"decoder); engine {engine!r} decodes on the CPU: use engine='torch', "
+                         "or leave decode='cpu'")
     if cfg.keras == 3:
         problem = compat.keras3_training_problem()
         if problem is not None:
@@ -338,6 +369,42 @@ def _engine(cfg: TrainConfig) -> str:
                 f"{why} has no counterpart for: leave them at their defaults, or use "
                 "engine='horovod'")
     return engine
+
+
+def _torch_only() -> bool:
+    """TensorFlow does not import here, and torch does (``engine="auto"``)."""
+    import importlib.util
+
+    return (importlib.util.find_spec("tensorflow") is None
+            and importlib.util.find_spec("torch") is not None)
+
+
+def _torch_engine(cfg: TrainConfig) -> str:
+    """``"torch"``, once torch imports and no setting of another engine is chosen."""
+    from dist_dl.core.optional import install_hint
+    from dist_dl.train.config import HOROVOD_ONLY
+
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"engine='torch' needs PyTorch, which does not import here ({exc}): "
+                          f"{install_hint('torch')}") from exc
+    why = " (chosen by engine='auto': TensorFlow is not installed here)" \
+        if cfg.engine == "auto" else ""
+    if cfg.keras != 2:
+        raise ValueError(f"keras={cfg.keras} with engine 'torch'{why}: keras chooses the Keras "
+                         "version of the TensorFlow engines; leave it at 2 with engine='torch'")
+    chosen = [f"{name}={getattr(cfg, name)!r}" for name, default in HOROVOD_ONLY.items()
+              if getattr(cfg, name) != default]
+    if cfg.reader == "petastorm":
+        chosen.append("reader='petastorm'")
+    if cfg.cache_dir is not None:
+        chosen.append(f"cache_dir={cfg.cache_dir!r}")
+    if chosen:
+        raise ValueError(f"{', '.join(chosen)}: settings of the TensorFlow engines, which engine "
+                         f"'torch'{why} has no counterpart for: leave them at their defaults "
+                         "(the torch reader is the arrow one, and decodes every epoch)")
+    return "torch"
 
 
 def _model_names() -> tuple:

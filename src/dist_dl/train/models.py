@@ -62,6 +62,21 @@ def _small_cnn(input_shape, classes):
 MODEL_NAMES = tuple(_REGISTRY)
 
 
+def call_builder(model, registry: dict, input_shape, classes: int, kind: str):
+    """``model(input_shape, classes)`` for a builder, else the ``registry``'s
+    builder of that name's.
+
+    Raises:
+        ValueError: an unknown name (lists the known ones).
+    """
+    if callable(model):
+        return model(input_shape, classes)
+    if model in registry:
+        return registry[model](input_shape, classes)
+    raise ValueError(f"unknown model {model!r}: use one of {', '.join(registry)} or pass a "
+                     f"function (input_shape, classes) -> {kind}")
+
+
 def build_model(model: str | Callable, input_shape: tuple[int, int, int], classes: int):
     """Build a model by registry name, or call a user-supplied builder.
 
@@ -69,13 +84,7 @@ def build_model(model: str | Callable, input_shape: tuple[int, int, int], classe
         ValueError: unknown name (lists the known ones), or a builder whose
             output does not have ``classes`` units.
     """
-    if callable(model):
-        built = model(input_shape, classes)
-    elif model in _REGISTRY:
-        built = _REGISTRY[model](input_shape, classes)
-    else:
-        raise ValueError(f"unknown model {model!r}: use one of {', '.join(_REGISTRY)} or pass a "
-                         "function (input_shape, classes) -> Keras model")
+    built = call_builder(model, _REGISTRY, input_shape, classes, "Keras model")
     units = built.output_shape[-1]
     if units != classes:
         raise ValueError(f"the model's output has {units} units but the data has {classes} classes; "

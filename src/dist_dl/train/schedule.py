@@ -23,7 +23,33 @@ import math
 from dist_dl.core import compat
 from dist_dl.core.lazy import lazy_attributes
 
-__all__ = ["WarmupScaledSchedule"]
+__all__ = ["WarmupScaledSchedule", "rate_at", "warmup_scaled_rates"]
+
+
+def rate_at(step: int, base_lr: float, scaled_lr: float, warmup_steps: int,
+            total_steps: int | None) -> float:
+    """The schedule's rate at ``step``, in plain Python: linear from
+    ``base_lr`` to ``scaled_lr`` over ``warmup_steps``, then constant (no
+    ``total_steps``) or a half cosine to 0 at ``total_steps``. The Keras
+    schedule computes the same curve in its graph; the torch engine sets
+    its optimizer's rate from this one, step by step."""
+    if step < warmup_steps:
+        return base_lr + (scaled_lr - base_lr) * step / warmup_steps
+    if total_steps is None or total_steps == warmup_steps:
+        return scaled_lr
+    done = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return scaled_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
+def warmup_scaled_rates(base_lr: float, num_workers: int, steps_per_epoch: int,
+                        warmup_epochs: float = 5, total_epochs: float | None = None):
+    """``step -> rate`` of :class:`WarmupScaledSchedule` with these arguments,
+    without TensorFlow (for the torch engine)."""
+    warmup_steps = int(round(warmup_epochs * steps_per_epoch))
+    total_steps = (None if total_epochs is None
+                   else max(warmup_steps, int(round(total_epochs * steps_per_epoch))))
+    scaled = float(base_lr) * num_workers
+    return lambda step: rate_at(step, float(base_lr), scaled, warmup_steps, total_steps)
 
 
 def _define_schedule():
@@ -87,13 +113,8 @@ def _define_schedule():
 
         def value_at(self, step: int) -> float:
             """The rate at ``step``, in plain Python (for logging and tests)."""
-            if step < self.warmup_steps:
-                return self.base_lr + (self.scaled_lr - self.base_lr) * step / self.warmup_steps
-            total = self.total_steps
-            if total is None or total == self.warmup_steps:
-                return self.scaled_lr
-            done = min(1.0, (step - self.warmup_steps) / (total - self.warmup_steps))
-            return self.scaled_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+            return rate_at(step, self.base_lr, self.scaled_lr, self.warmup_steps,
+                           self.total_steps)
 
         def __call__(self, step):
             step = tf.cast(step, tf.float32)

@@ -1,0 +1,344 @@
+"""The training loop inside every torch worker of ``train_distributed``
+(``engine="torch"``): PyTorch DistributedDataParallel on the plan, reader,
+schedule, checkpoints and MLflow run of the other engines.
+
+Launched by :class:`~dist_dl.launch.TorchDistributor`, which has set
+torchrun's variables, this worker's threads, and its GPU (that of its local
+rank). One call of :func:`train_worker_torch` is one attempt:
+
+- ``torch.distributed`` over NCCL on GPUs, Gloo on CPUs; the model built
+  with the same seed on every rank and wrapped in ``DistributedDataParallel``
+  (which broadcasts rank 0's weights and averages the gradients of every
+  step), with :class:`~dist_dl.read.torchdata.Normalize` as its first layer;
+  on GPUs in channels-last memory;
+- this rank's shard through :func:`~dist_dl.read.torchdata.make_loader`
+  (the rows and transforms of the TensorFlow reader; decoded on the CPU or,
+  with ``decode="gpu"``, on the GPU), ``train_steps`` batches per epoch;
+- SGD with momentum at the scaled, warmed-up rate of
+  :func:`~dist_dl.train.schedule.warmup_scaled_rates`, set before every step;
+- on GPUs autocast to bfloat16 (float16 with a gradient scaler where the GPU
+  has no bfloat16); on CPUs float32 (bfloat16 with ``mixed_precision="on"``);
+- per epoch: training loss and accuracy over all ranks' rows, an exact
+  validation pass (every real row once; sums all-reduced), and on rank 0 a
+  signed, atomic checkpoint (model, optimizer, scaler, step, epoch), the
+  epoch's metrics in MLflow and a progress line to the driver;
+- resume: rank 0 picks the newest verified checkpoint and every rank loads
+  that one, so all continue from the same step;
+- at the end rank 0 logs the model (:mod:`dist_dl.tracking.torch_log`).
+
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+from dist_dl.core.progress import format_duration
+from dist_dl.train.worker import WorkerSpec
+
+__all__ = ["train_worker_torch", "precision"]
+
+
+def precision(mixed_precision: str, device) -> tuple:
+    """``(autocast dtype or None, use a gradient scaler)`` for ``mixed_precision``
+    ("auto", "on", "off") on ``device``."""
+    import torch
+
+    on_gpu = device.type == "cuda"
+    if mixed_precision == "off" or (mixed_precision == "auto" and not on_gpu):
+        return None, False
+    if on_gpu and not torch.cuda.is_bf16_supported():
+        return torch.float16, True
+    return torch.bfloat16, False
+
+
+def train_worker_torch(spec: WorkerSpec) -> dict | None:
+    """One attempt of data-parallel training on this torch worker.
+
+    Returns, on rank 0: the logged model's URI and registered version, the
+    epoch the attempt started at and the number of epochs; None elsewhere.
+    """
+    import torch.distributed as dist
+
+    cfg = spec.config
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _device(local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            **({"device_id": device} if device.type == "cuda" else {}))
+    try:
+        return _train(spec, cfg, rank, size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _device(local_rank: int):
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dist_dl.read import ReaderConfig
+    from dist_dl.read.torchdata import Normalize, make_loader
+    from dist_dl.train.checkpoint import CheckpointManager
+    from dist_dl.train.models_torch import build_torch_model
+    from dist_dl.train.schedule import warmup_scaled_rates
+
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.backends.cudnn.benchmark = not cfg.deterministic
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    # The same initial weights on every rank (DDP broadcasts rank 0's anyway);
+    # crops and flips differ per rank through the loader's seed.
+    torch.manual_seed(cfg.seed)
+    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
+                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
+                          shuffle_buffer=cfg.shuffle_buffer,
+                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
+                          reader=cfg.reader)
+    net = build_torch_model(spec.model, (cfg.image_size, cfg.image_size, 3), spec.classes)
+    normalize = Normalize(reader)
+    model = torch.nn.Sequential(normalize, net).to(device)
+    if on_gpu:
+        model = model.to(memory_format=torch.channels_last)
+    autocast_dtype, scaled = precision(cfg.mixed_precision, device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+    scaler = torch.amp.GradScaler("cuda", enabled=scaled)
+    rate = warmup_scaled_rates(cfg.learning_rate, size if cfg.scale_learning_rate else 1,
+                               spec.train_steps, min(cfg.warmup_epochs, cfg.epochs),
+                               total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+
+    manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
+                                key=spec.checkpoint_key)
+    initial_epoch, step = _resume(manager, rank, net, optimizer, scaler, device)
+    _log(rank, f"attempt {spec.attempt}: {size} workers (torch, "
+               f"{'NCCL on ' + torch.cuda.get_device_name(device) if on_gpu else 'Gloo on CPU'}), "
+               f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
+               f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
+               f"{_precision_name(autocast_dtype)})")
+    loader = make_loader(list(spec.train_files), rank, size, cfg.batch_size,
+                         training=cfg.augment, shuffle=cfg.shuffle, config=reader,
+                         steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
+                         epoch=initial_epoch, decode=cfg.decode, with_weights=True,
+                         pin_memory=on_gpu, device=device if cfg.decode != "cpu" else None)
+    val_loader = (make_loader(list(spec.val_files), rank, size, cfg.batch_size, training=False,
+                              config=reader, steps_per_epoch=spec.val_steps, decode=cfg.decode,
+                              with_weights=True, pin_memory=on_gpu,
+                              device=device if cfg.decode != "cpu" else None)
+                  if spec.val_files else None)
+    autocast = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) \
+        if autocast_dtype is not None else contextlib.nullcontext
+    global_batch = cfg.batch_size * size
+    progress = _Progress(rank, cfg.epochs, spec.train_steps, global_batch, initial_epoch)
+
+    def to_device(batch):
+        images, labels, weights = batch
+        memory = torch.channels_last if on_gpu else torch.preserve_format
+        return (images.to(device, non_blocking=True, memory_format=memory),
+                labels.to(device, non_blocking=True), weights.to(device, non_blocking=True))
+
+    for epoch in range(initial_epoch, cfg.epochs):
+        started = time.perf_counter()
+        ddp.train()
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        ends, cpu = [], []
+        loader.set_epoch(epoch)
+        batches = iter(loader)
+        try:
+            for _ in range(spec.train_steps):
+                images, labels, weights = to_device(next(batches))
+                for group in optimizer.param_groups:
+                    group["lr"] = rate(step)
+                with autocast():
+                    logits = ddp(images)
+                losses = F.cross_entropy(logits.float(), labels, reduction="none")
+                # Keras' weighted loss: a sum over the batch's rows / rows.
+                loss = (losses * weights).mean()
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                step += 1
+                with torch.no_grad():
+                    correct = (logits.argmax(-1) == labels).to(weights.dtype)
+                    sums += torch.stack([(losses.detach() * weights).sum(), (correct * weights).sum(),
+                                         weights.sum()]).double()
+                progress.step(epoch)
+                if on_gpu and len(ends) < 1:
+                    torch.cuda.synchronize(device)
+                ends.append(time.perf_counter())
+                cpu.append(time.process_time())
+        finally:
+            batches.close()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        ends[-1] = time.perf_counter()
+        dist.all_reduce(sums)
+        logs = {"loss": float(sums[0] / sums[2]), "accuracy": float(sums[1] / sums[2]),
+                "learning_rate": rate(step)}
+        if len(ends) > 1 and ends[-1] > ends[0]:
+            logs["train_images_per_second"] = (len(ends) - 1) * global_batch / (ends[-1] - ends[0])
+            logs["train_cpu_per_second"] = (cpu[-1] - cpu[0]) / (ends[-1] - ends[0])
+        if val_loader is not None:
+            logs.update(_validate(ddp, val_loader, to_device, autocast, device))
+        if rank == 0:
+            manager.save_torch({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                                "scaler": scaler.state_dict(), "step": step, "epoch": epoch + 1},
+                               epoch + 1, metadata={"run_id": spec.run_id})
+            seconds = time.perf_counter() - started
+            logs["epoch_seconds"] = seconds
+            logs["images_per_second"] = global_batch * spec.train_steps / seconds
+            _log_metrics(spec, logs, epoch + 1)
+        progress.epoch_end(epoch, logs)
+        # No rank runs ahead of rank 0's checkpoint: a failure in the next
+        # epoch resumes after this one on every rank.
+        dist.barrier()
+
+    if rank != 0:
+        return None
+    logged = _log_model(spec, net, normalize, cfg)
+    return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
+
+
+def _validate(ddp, loader, to_device, autocast, device) -> dict:
+    """Exact validation over all ranks: sums of weighted loss, correct rows
+    and weights (rows repeated to even out the shards have weight 0)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    ddp.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for batch in loader:
+            images, labels, weights = to_device(batch)
+            with autocast():
+                # The module itself: DDP's forward would sync buffers, and
+                # validation changes none.
+                logits = ddp.module(images).float()
+            losses = F.cross_entropy(logits, labels, reduction="none")
+            correct = (logits.argmax(-1) == labels).to(weights.dtype)
+            sums += torch.stack([(losses * weights).sum(), (correct * weights).sum(),
+                                 weights.sum()]).double()
+    dist.all_reduce(sums)
+    if sums[2] <= 0:
+        return {}
+    return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+
+
+def _resume(manager, rank: int, net, optimizer, scaler, device) -> tuple[int, int]:
+    """``(epochs done, optimizer steps done)`` of the checkpoint rank 0 picks
+    (0, 0 without one); every rank loads that one into its model, optimizer
+    and scaler."""
+    import torch.distributed as dist
+
+    chosen = [None]
+    if rank == 0:
+        latest = manager.latest()
+        chosen = [None if latest is None else str(latest.path)]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return 0, 0
+    info = manager.verify(chosen[0])
+    state = manager.read_torch(info, map_location=device)
+    try:
+        net.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"checkpoint {info.path} does not match this model or optimizer (built "
+                         f"by another builder?): {exc}") from None
+    scaler.load_state_dict(state.get("scaler", {}))
+    _log(rank, f"restored checkpoint {info.path} (epoch {info.epoch})")
+    return int(state["epoch"]), int(state["step"])
+
+
+def _log_metrics(spec: WorkerSpec, logs: dict, epoch: int) -> None:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    MlflowClient(spec.tracking_uri).log_batch(
+        spec.run_id, metrics=[Metric(k, float(v), now, epoch) for k, v in sorted(logs.items())])
+
+
+def _log_model(spec: WorkerSpec, net, normalize, cfg) -> dict:
+    """Rank 0: the trained model into the driver's run (see
+    :mod:`dist_dl.tracking.torch_log`)."""
+    import mlflow
+
+    from dist_dl.tracking.target import attached_run
+    from dist_dl.tracking.torch_log import log_torch_classifier
+
+    mlflow.set_tracking_uri(spec.tracking_uri)
+    if spec.registry_uri:
+        mlflow.set_registry_uri(spec.registry_uri)
+    with attached_run(spec.run_id):
+        logged = log_torch_classifier(net, normalize, image_size=cfg.image_size,
+                                      crop_fraction=cfg.eval_crop_fraction,
+                                      class_names=list(spec.class_names),
+                                      registered_model_name=spec.registered_model_name)
+    return {"model_uri": logged.model_uri, "registered_version": logged.registered_version}
+
+
+def _precision_name(dtype) -> str:
+    return "float32" if dtype is None else f"{str(dtype).rsplit('.', 1)[-1]} autocast"
+
+
+def _log(rank: int, message: str) -> None:
+    if rank == 0:
+        from dist_dl.launch import log_to_driver
+
+        log_to_driver(message)
+
+
+class _Progress:
+    """Progress lines to the driver (rank 0): every ``every`` seconds and at
+    each epoch's end, with images/s and the time left."""
+
+    def __init__(self, rank: int, epochs: int, steps: int, global_batch: int, first_epoch: int,
+                 every: float = 30.0):
+        self._rank, self._epochs, self._steps = rank, epochs, steps
+        self._global_batch, self._every = global_batch, every
+        self._start = self._last = time.perf_counter()
+        self._done, self._in_epoch = 0, 0
+
+    def step(self, epoch: int) -> None:
+        self._done += 1
+        self._in_epoch += 1
+        now = time.perf_counter()
+        if self._rank == 0 and now - self._last >= self._every:
+            self._last = now
+            self._report(epoch, self._in_epoch, now)
+
+    def epoch_end(self, epoch: int, logs: dict) -> None:
+        if self._rank == 0:
+            self._report(epoch, self._steps, time.perf_counter(), logs)
+        self._in_epoch = 0
+
+    def _report(self, epoch: int, step: int, now: float, logs: dict | None = None) -> None:
+        from dist_dl.launch import log_to_driver
+
+        rate = self._done / max(now - self._start, 1e-9)
+        left = ((self._epochs - epoch) * self._steps - step) / rate if rate > 0 else math.inf
+        text = (f"epoch {epoch + 1}/{self._epochs} step {step}/{self._steps}: "
+                f"{rate * self._global_batch:.1f} images/s, {format_duration(left)} left")
+        if logs:
+            shown = [k for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in logs]
+            text += "; " + ", ".join(f"{k} {logs[k]:.4f}" for k in shown)
+        log_to_driver(text)
