@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 import workers
-from dist_dl import HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError
+from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
+                     WorkersDiverged)
 from dist_dl.launch.backend import auto_engine, select_backend
 from dist_dl.launch.device import visible_gpus
 from dist_dl.launch.local import LocalBackend
@@ -100,6 +101,18 @@ def test_weights_identical_on_all_ranks_after_training():
     first, second = ([np.array(w) for w in ws] for ws in per_rank)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.needs("horovod.tensorflow")
+@pytest.mark.timeout(120)
+def test_workers_that_each_train_their_own_copy_fail_the_job_naming_the_fix():
+    with pytest.raises(WorkersDiverged, match=r"(?s)HorovodRunner\(np=-2\): the 2 workers ended "
+                       r"with different weights for Keras model .*hvd\.DistributedOptimizer.*"
+                       r"BroadcastGlobalVariablesCallback"):
+        HorovodRunner(np=-2).run(workers.train_steps, steps=3, synchronised=False)
+    per_rank = HorovodRunner(np=-2, check_weights=False).run(workers.train_steps, steps=3,
+                                                             synchronised=False)
+    assert not np.array_equal(np.array(per_rank[0][0]), np.array(per_rank[1][0]))
 
 
 def _pids(pid_file):

@@ -29,10 +29,12 @@ def allreduce_known(values_per_rank: int = 5):
     return hvd.allgather_object((hvd.rank(), hvd.size(), summed.numpy().tolist()))
 
 
-def train_steps(steps: int = 3):
+def train_steps(steps: int = 3, synchronised: bool = True):
     """A few synchronous SGD steps of a small Keras model, each rank starting
     from its own random weights and on its own data; returns every rank's final
-    weights (identical only if the broadcast and the allreduce worked)."""
+    weights (identical only if the broadcast and the allreduce worked).
+    ``synchronised=False``: without DistributedOptimizer and the broadcast,
+    as single-worker code moved to HorovodRunner unchanged."""
     import horovod.tensorflow.keras as hvd
     import numpy as np
     import tensorflow as tf
@@ -41,12 +43,14 @@ def train_steps(steps: int = 3):
     tf.random.set_seed(1000 + hvd.rank())  # different initial weights per rank on purpose
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
                                  tf.keras.layers.Dense(3)])
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
-    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    opt = tf.keras.optimizers.SGD(0.1)
+    model.compile(hvd.DistributedOptimizer(opt) if synchronised else opt,
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(hvd.rank())
     x, y = rng.normal(size=(16 * steps, 4)).astype("float32"), rng.integers(0, 3, 16 * steps)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if synchronised
+              else [])
     import horovod.tensorflow as hvd_tf
 
     return hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])

@@ -52,18 +52,27 @@ class HorovodRunner:
             :class:`dist_dl.launch.backend.Backend` protocol (code, not
             configuration: a launcher of your own), used as it is with
             ``abs(np)`` workers.
+        check_weights: When the function returns, every worker reports the
+            Keras models it trained, and a model whose weights differ from
+            rank 0's fails the job with ``WorkersDiverged`` (a function
+            without ``hvd.DistributedOptimizer`` or without the broadcast of
+            rank 0's weights: each worker trained its own copy); see
+            ``dist_dl.launch.weights``. False turns the check off.
     """
 
     engine = "horovod"
-    # Whether the workers report the Keras models they trained, for the
-    # driver to compare with rank 0's (dist_dl.launch.weights).
-    check_weights = False
+    # Whether the workers' models are expected to be built under a
+    # multi-worker strategy (tf.distribute), for the weights check's messages.
+    strategy_models = False
 
     def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
                  timeout: float | None = None, threads_per_worker: int | None = None,
                  pin_cpus: bool = False, env: dict | None = None, spark=None,
-                 backend: str | Backend = "auto"):
+                 backend: str | Backend = "auto", check_weights: bool = True):
         name = type(self).__name__
+        # The workers report the Keras models they trained, for the driver to
+        # compare with rank 0's (dist_dl.launch.weights).
+        self.check_weights = bool(check_weights)
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"{name}: np must be a non-zero integer: np > 0 runs np Spark tasks, np < 0 runs "
@@ -121,7 +130,8 @@ class HorovodRunner:
         sink = DriverSink(self.driver_log_verbosity)
         result = backend.run(main, kwargs, abs(self.num_processor), options, sink)
         if self.check_weights:
-            weights.check(sink.records, abs(self.num_processor), self._label(), self._sync_fix)
+            weights.check(sink.records, abs(self.num_processor), self._label(), self._sync_fix,
+                          strategy=self.strategy_models)
         return result
 
     def _label(self) -> str:
@@ -129,9 +139,10 @@ class HorovodRunner:
         return f"{type(self).__name__}(np={self.num_processor})"
 
     # What to change when the workers did not train one model (weights.check).
-    _sync_fix = ("Create the strategy first in the function (strategy = "
-                 "dist_dl.launch.multi_worker_strategy()) and build and compile the model under "
-                 "`with strategy.scope():`.")
+    _sync_fix = ("Wrap the optimizer in hvd.DistributedOptimizer (its gradients averaged over "
+                 "the workers) and start from rank 0's weights "
+                 "(hvd.callbacks.BroadcastGlobalVariablesCallback(0) in fit's callbacks, or "
+                 "hvd.broadcast_variables(model.variables, root_rank=0) in a loop of your own).")
 
 
 def _checked_backend(backend, np: int):
@@ -180,12 +191,9 @@ class TFDistributeRunner(HorovodRunner):
     """
 
     engine = "tensorflow"
+    strategy_models = True
 
-    def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
-                 timeout: float | None = None, threads_per_worker: int | None = None,
-                 pin_cpus: bool = False, env: dict | None = None, spark=None,
-                 backend: str | Backend = "auto", check_weights: bool = True):
-        super().__init__(np=np, driver_log_verbosity=driver_log_verbosity, timeout=timeout,
-                         threads_per_worker=threads_per_worker, pin_cpus=pin_cpus, env=env,
-                         spark=spark, backend=backend)
-        self.check_weights = bool(check_weights)
+    # What to change when the workers did not train one model (weights.check).
+    _sync_fix = ("Create the strategy first in the function (strategy = "
+                 "dist_dl.launch.multi_worker_strategy()) and build and compile the model under "
+                 "`with strategy.scope():`.")

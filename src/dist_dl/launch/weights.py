@@ -1,4 +1,4 @@
-"""Whether the workers of a tf.distribute job trained one model or several.
+"""Whether the workers of a job trained one model or several.
 
 A worker function that builds its Keras model outside a multi-worker
 strategy's scope still runs to the end on every worker, each training its own
@@ -20,6 +20,11 @@ Models are matched across ranks by name; a name that is not on every rank
 exactly once (a model only rank 0 builds or loads, two models of one name) is
 not compared. A model counts as trained when its optimizer took a step.
 The runners' ``check_weights=False`` turns the report and the check off.
+
+Horovod's workers (``HorovodRunner``) report too: there the models are built
+outside any strategy by design, and only weights that differ from rank 0's
+fail the job (a function without ``hvd.DistributedOptimizer`` or without the
+broadcast of rank 0's initial weights).
 """
 from __future__ import annotations
 
@@ -124,7 +129,8 @@ def _differs(mine: list[list], rank0: list[list]) -> str | None:
     return None
 
 
-def check(records: list[dict], num_workers: int, runner: str, fix: str) -> None:
+def check(records: list[dict], num_workers: int, runner: str, fix: str, *,
+          strategy: bool = True) -> None:
     """Compare the workers' reports (``records``: the job's control records)
     with rank 0's.
 
@@ -133,6 +139,11 @@ def check(records: list[dict], num_workers: int, runner: str, fix: str) -> None:
         num_workers: Workers in the job; nothing is compared unless all reported.
         runner: The runner as the user wrote it, for the messages.
         fix: What to change in the worker function, for the messages.
+        strategy: The runner's models belong under a multi-worker strategy
+            (tf.distribute): one trained outside it is named, and one every
+            worker trained alone to the same weights warns. False (Horovod,
+            whose models are built outside any strategy): only weights that
+            differ from rank 0's count.
 
     Raises:
         WorkersDiverged: a model's weights differ from rank 0's.
@@ -152,7 +163,8 @@ def check(records: list[dict], num_workers: int, runner: str, fix: str) -> None:
             where = _differs(by_rank[rank][name]["variables"], by_rank[0][name]["variables"])
             if where is not None:
                 differing.append(f"rank {rank} ({where})")
-        outside = [r for r in range(num_workers) if not by_rank[r][name]["multi_worker"]]
+        outside = ([r for r in range(num_workers) if not by_rank[r][name]["multi_worker"]]
+                   if strategy else [])
         if differing:
             built = (f" It was built outside a MultiWorkerMirroredStrategy's scope on rank(s) "
                      f"{', '.join(map(str, outside))}." if outside else "")
