@@ -90,6 +90,7 @@ def test_digits_learn_on_two_torch_workers_and_everything_is_in_the_run(trained_
     assert run.data.params["train.decode"] == "cpu"
     assert {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
             "train_images_per_second", "images_per_second"} <= set(run.data.metrics)
+    assert all(0 <= f < 1 for f in trained.history["train_input_wait_fraction"])
     # Warm-up over epoch 1 to the scaled rate (2 x 0.1), then a half cosine to 0.
     rates = trained.history["learning_rate"]
     assert rates[0] == pytest.approx(0.2)

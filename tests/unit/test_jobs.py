@@ -33,7 +33,11 @@ TFDIST_17_GPU_RUNTIME = "17.3.x-gpu-ml-scala2.13"
 TFDIST_17_CPU_RUNTIME = "17.3.x-cpu-ml-scala2.13"
 # Job file name (without the cloud) -> (runtime of CPU clusters, of GPU clusters).
 RUNTIMES = {"training_tfdist": (TFDIST_CPU_RUNTIME, TFDIST_GPU_RUNTIME),
-            "training_tfdist_17": (TFDIST_17_CPU_RUNTIME, TFDIST_17_GPU_RUNTIME)}
+            "training_tfdist_17": (TFDIST_17_CPU_RUNTIME, TFDIST_17_GPU_RUNTIME),
+            "training_torch_17": (TFDIST_17_CPU_RUNTIME, TFDIST_17_GPU_RUNTIME)}
+# The engine each job of a runtime without Horovod trains with.
+ENGINES = {"training_tfdist": "tensorflow", "training_tfdist_17": "tensorflow",
+           "training_torch_17": "torch"}
 
 
 def test_jobs_folder_holds_the_job_definitions():
@@ -77,7 +81,8 @@ def test_job_file_runs_the_wheel_with_parameters_not_literal_paths(path):
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.stem)
 def test_clusters_run_the_ml_runtime_of_their_engine(path):
     """15.4 LTS ML, the last with Horovod; 16.4 or 17.3 LTS ML for the
-    tf.distribute jobs, whose training tasks choose that engine explicitly."""
+    tf.distribute and torch jobs, whose training tasks choose their engine
+    explicitly."""
     job = json.loads(path.read_text())
     stem = path.stem.rsplit("_", 1)[0]
     tfdist = stem in RUNTIMES
@@ -92,10 +97,11 @@ def test_clusters_run_the_ml_runtime_of_their_engine(path):
         if tfdist:
             assert argv[0] != "bench", f"{path.name}: bench needs Horovod"
             if argv[0] in ("train", "pipeline"):
-                assert "train.engine=tensorflow" in argv, f"{path.name}: {task['task_key']}"
+                assert f"train.engine={ENGINES[stem]}" in argv, f"{path.name}: {task['task_key']}"
 
 
-@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist", "training_tfdist_17"])
+@pytest.mark.parametrize("stem", ["training_workflow", "training_tfdist", "training_tfdist_17",
+                                  "training_torch_17"])
 def test_training_workflow_chains_prepare_train_evaluate_score(stem):
     for cloud in ("azure", "aws"):
         job = json.loads((JOBS / f"{stem}_{cloud}.json").read_text())

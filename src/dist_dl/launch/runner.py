@@ -193,6 +193,15 @@ class TFDistributeRunner(HorovodRunner):
     engine = "tensorflow"
     strategy_models = True
 
+    # Its own signature, so that Python's argument errors name this class.
+    def __init__(self, *, np: int, driver_log_verbosity: str | None = None,
+                 timeout: float | None = None, threads_per_worker: int | None = None,
+                 pin_cpus: bool = False, env: dict | None = None, spark=None,
+                 backend: str | Backend = "auto", check_weights: bool = True):
+        super().__init__(np=np, driver_log_verbosity=driver_log_verbosity, timeout=timeout,
+                         threads_per_worker=threads_per_worker, pin_cpus=pin_cpus, env=env,
+                         spark=spark, backend=backend, check_weights=check_weights)
+
     # What to change when the workers did not train one model (weights.check).
     _sync_fix = ("Create the strategy first in the function (strategy = "
                  "dist_dl.launch.multi_worker_strategy()) and build and compile the model under "

@@ -50,7 +50,10 @@ class TrainedModel:
             the epoch's first step left out), ``train_cpu_per_second`` (rank
             0's CPU seconds per wall second over those steps),
             ``images_per_second`` and ``epoch_seconds`` (whole epochs, with
-            validation and checkpointing)).
+            validation and checkpointing); with the torch engine also
+            ``train_input_wait_fraction``, the share of those steps' time
+            rank 0 waited for its next batch: above 0.2 it says so once,
+            with the levers, in its progress lines).
         initial_epoch: Epochs already done when this run started (resumed
             from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
         num_workers: Workers that trained it.

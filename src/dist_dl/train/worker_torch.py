@@ -157,12 +157,16 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         started = time.perf_counter()
         ddp.train()
         sums = torch.zeros(3, dtype=torch.float64, device=device)
-        ends, cpu = [], []
+        ends, cpu, waited = [], [], 0.0
         loader.set_epoch(epoch)
         batches = iter(loader)
         try:
             for _ in range(spec.train_steps):
-                images, labels, weights = to_device(next(batches))
+                asked = time.perf_counter()
+                batch = next(batches)
+                if ends:  # the first step's wait fills the pipeline: not counted
+                    waited += time.perf_counter() - asked
+                images, labels, weights = to_device(batch)
                 for group in optimizer.param_groups:
                     group["lr"] = rate(step)
                 with autocast():
@@ -195,6 +199,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         if len(ends) > 1 and ends[-1] > ends[0]:
             logs["train_images_per_second"] = (len(ends) - 1) * global_batch / (ends[-1] - ends[0])
             logs["train_cpu_per_second"] = (cpu[-1] - cpu[0]) / (ends[-1] - ends[0])
+            logs["train_input_wait_fraction"] = waited / (ends[-1] - ends[0])
+            _warn_input_bound(rank, logs["train_input_wait_fraction"], cfg, on_gpu, progress)
         if val_loader is not None:
             logs.update(_validate(ddp, val_loader, to_device, autocast, device))
         if rank == 0:
@@ -214,6 +220,26 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         return None
     logged = _log_model(spec, net, normalize, cfg)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
+
+
+# Share of the training steps' time spent waiting for the next batch above
+# which the run is input-bound.
+INPUT_BOUND = 0.2
+
+
+def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool, progress) -> None:
+    """Once per attempt, on rank 0: the workers waited for their input for
+    more than ``INPUT_BOUND`` of the training steps' time, with what to do."""
+    if rank != 0 or fraction <= INPUT_BOUND or progress.warned_input:
+        return
+    progress.warned_input = True
+    levers = ["decode='gpu' (torchvision's CUDA decoder)"] if on_gpu and cfg.decode == "cpu" else []
+    levers += ["shards stored smaller (prepare_image_dataset(..., config=ShardConfig(max_side=320)) "
+               "or train_distributed(df, max_side=320))",
+               "more CPU cores per worker (threads_per_worker; fewer workers per host)"]
+    _log(rank, f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
+               f"steps' time (decode={cfg.decode!r}); the device was idle meanwhile. Levers: "
+               + "; ".join(levers))
 
 
 def _validate(ddp, loader, to_device, autocast, device) -> dict:
@@ -317,6 +343,7 @@ class _Progress:
         self._global_batch, self._every = global_batch, every
         self._start = self._last = time.perf_counter()
         self._done, self._in_epoch = 0, 0
+        self.warned_input = False
 
     def step(self, epoch: int) -> None:
         self._done += 1
