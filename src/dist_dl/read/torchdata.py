@@ -302,12 +302,12 @@ class TorchLoader:
         for nothing: a block the caching allocator hands it can still be in
         use by kernels queued on the current stream. On the training
         stream those are the step in flight, whose activations or gradients
-        the decoder then overwrites (NaN losses on an H200 with torchvision
-        0.26; memory handed out by the allocator is only safe for the
-        stream it was allocated on). So the loader decodes with a stream of
-        its own current, waits for that stream's queued work before each
-        decode, and hands every batch over to the consumer's stream
-        (:meth:`_gpu_handoff`)."""
+        the decoder then overwrites, and the losses turn NaN (memory handed
+        out by the caching allocator is only safe for the stream it was
+        allocated on; the same in torchvision 0.26). So the loader decodes
+        with a stream of its own current, waits for that stream's queued
+        work before each decode, and hands every batch over to the
+        consumer's stream (:meth:`_gpu_handoff`)."""
         import torch
 
         if getattr(self, "_stream", None) is None:
