@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -109,12 +108,6 @@ def run_library(setup: str, shards: str, folder: str, args, gpus: int) -> dict:
 
 
 # ------------------------------------------------------- the plain loop
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _Rows:
     """A map-style dataset of one rank's JPEG rows (torchvision's reference
@@ -230,9 +223,11 @@ def _cpu_seconds(process) -> float:
 def run_plain(setup: str, shards: str, folder: str, args, gpus: int) -> dict:
     import torch.multiprocessing as mp
 
+    from dist_dl.launch.barrier import pick_ports
+
     out = os.path.join(folder, f"plain-{setup}.json")
     started = time.perf_counter()
-    mp.spawn(_plain_worker, args=(gpus, setup, shards, args, _free_port(), out), nprocs=gpus)
+    mp.spawn(_plain_worker, args=(gpus, setup, shards, args, pick_ports(1)[0], out), nprocs=gpus)
     with open(out) as f:
         result = json.load(f)
     return {**result, "seconds": time.perf_counter() - started}
@@ -371,8 +366,9 @@ def main(argv=None) -> int:
 
 
 def publish(report: dict, path: str) -> None:
-    """``gpu.*`` keys into the results file (one run: each value is its own round)."""
-    from dist_dl.app.bench import merge_results, result_entry
+    """``gpu.*`` keys into the results file, its PNG redrawn (one run: each value is its own
+    round)."""
+    from dist_dl.app.bench import publish_results, result_entry
 
     figures, stack = report["figures"], report["stack"]
     extra = {**stack, "batch_size": report["batch_size"], "steps": report["steps"],
@@ -392,7 +388,7 @@ def publish(report: dict, path: str) -> None:
     ratio("jpeg_gpu.vs_synthetic", "jpeg_gpu.library", "synthetic.library", 0.8)
     ratio("jpeg_cpu.vs_synthetic", "jpeg_cpu.library", "synthetic.library")
     ratio("jpeg_cpu.library_vs_plain", "jpeg_cpu.library", "jpeg_cpu.plain")
-    merge_results(path, entries, own_prefixes=("gpu.",))
+    publish_results(path, entries, own_prefixes=("gpu.",))
     print(f"gpu.py: {len(entries)} gpu.* keys into {path}", flush=True)
 
 

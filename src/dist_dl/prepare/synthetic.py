@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import uuid
 
@@ -100,41 +101,31 @@ def write_image_shards(output: str, images, labels: list[int], classes: int, *,
     os.makedirs(path, exist_ok=True)
     tag = uuid.uuid4().hex[:12]
     schema = arrow_schema()
-    files, pending, written = [], [], 0
+    files, written = [], 0
     images = iter(images)
-
-    def flush():
-        data, sizes = [row[0] for row in pending], [row[1] for row in pending]
-        names = [f"class{labels[i]}" for i in range(written, written + len(pending))]
+    while written < len(labels):
+        data = list(itertools.islice(images, min(rows_per_row_group, len(labels) - written)))
+        if not data:
+            raise ValueError(f"{written} images for {len(labels)} labels: give one image per "
+                             "label")
+        rows = range(written, written + len(data))
+        sizes = []
+        for image in data:
+            with Image.open(io.BytesIO(image)) as opened:
+                sizes.append(opened.size)
         table = pa.Table.from_arrays([
             pa.array(data, pa.binary()),
-            pa.array(labels[written:written + len(pending)], pa.int32()),
-            pa.array(names, pa.string()),
-            pa.array([f"{source}-{i}" for i in range(written, written + len(pending))],
-                     pa.string()),
+            pa.array([labels[i] for i in rows], pa.int32()),
+            pa.array([f"class{labels[i]}" for i in rows], pa.string()),
+            pa.array([f"{source}-{i}" for i in rows], pa.string()),
             pa.array([h for _, h in sizes], pa.int32()),
             pa.array([w for w, _ in sizes], pa.int32()),
         ], schema=schema)
         name = f"part-{len(files):05d}-{tag}.parquet"
-        pq.write_table(table, os.path.join(path, name), row_group_size=len(pending),
+        pq.write_table(table, os.path.join(path, name), row_group_size=len(data),
                        compression="snappy")
         files.append(name)
-
-    for i in range(len(labels)):
-        try:
-            data = next(images)
-        except StopIteration:
-            raise ValueError(f"{i} images for {len(labels)} labels: give one image per "
-                             "label") from None
-        with Image.open(io.BytesIO(data)) as image:
-            pending.append((data, image.size))
-        if len(pending) == rows_per_row_group:
-            flush()
-            written += len(pending)
-            pending = []
-    if pending:
-        flush()
-        written += len(pending)
+        written += len(data)
     version = None
     if format == "delta":
         version = commit_delta(path, files, "overwrite" if mode == "overwrite" and

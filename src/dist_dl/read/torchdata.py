@@ -282,7 +282,7 @@ class TorchLoader:
         """``decode="synthetic"``: random uint8 images, made once per size."""
         import torch
 
-        cached = getattr(self, "_synthetic", None)
+        cached = self._synthetic
         if cached is None or cached.shape[0] != count:
             size = self._config.image_size
             generator = torch.Generator().manual_seed(0 if self._seed is None else self._seed)
@@ -310,7 +310,7 @@ class TorchLoader:
         consumer's stream (:meth:`_gpu_handoff`)."""
         import torch
 
-        if getattr(self, "_stream", None) is None:
+        if self._stream is None:
             self._stream = torch.cuda.Stream(self._device)
         # The previous batch's crops are done before the decoder writes.
         self._stream.synchronize()

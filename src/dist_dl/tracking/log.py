@@ -159,9 +159,6 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     if compat.is_keras3_model(model) and compat.keras3_training_problem() is not None:
         raise ValueError(compat.not_a_library_keras_model(model))
     keras = _keras_of(model)
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, Schema
-
     from dist_dl.tracking.pyfunc import KERAS_ARTIFACT, KerasImageClassifier
 
     if not isinstance(model, keras.Model):
@@ -180,10 +177,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
         + list(extra_pip_requirements or []))
     python_model = KerasImageClassifier(preprocessing, from_logits=from_logits, image_col=image_col,
                                         class_names=class_names, batch_size=batch_size)
-    signature = ModelSignature(
-        inputs=Schema([ColSpec("binary", image_col)]),
-        outputs=Schema([ColSpec("long", "prediction"), ColSpec("double", "probability"),
-                        ColSpec(Array("double"), "probabilities")]))
+    signature = classifier_signature(image_col)
 
     with tempfile.TemporaryDirectory(prefix="dist_dl-model-") as tmp, _run(run_id) as run:
         keras_path = os.path.join(tmp, "model.keras")
@@ -200,6 +194,19 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
                           "from_logits": from_logits, "class_names": python_model.class_names})
         run_id = run.info.run_id
     return logged_model(info, run_id, artifact_path, registered_model_name)
+
+
+def classifier_signature(image_col: str):
+    """The signature of every logged image classifier: one binary column of
+    encoded images in; ``prediction``, ``probability`` and ``probabilities``
+    out (:mod:`dist_dl.tracking.pyfunc`)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("binary", image_col)]),
+        outputs=Schema([ColSpec("long", "prediction"), ColSpec("double", "probability"),
+                        ColSpec(Array("double"), "probabilities")]))
 
 
 def logged_model(info, run_id: str, artifact_path: str,

@@ -53,12 +53,12 @@ def _pickled_by_value():
 
 
 def export_program(net, normalize, image_size: int):
-    """``Normalize`` then ``net``, float32 on the CPU in eval mode, exported
-    with a dynamic batch size (``torch.export``)."""
+    """``Normalize`` then ``net`` (a float32 CPU copy in eval mode, which the
+    program shares), exported with a dynamic batch size (``torch.export``)."""
     import torch
 
-    serving = torch.nn.Sequential(copy.deepcopy(normalize), copy.deepcopy(net))
-    serving = serving.to("cpu", torch.float32, memory_format=torch.contiguous_format).eval()
+    serving = torch.nn.Sequential(copy.deepcopy(normalize).to("cpu"), net)
+    serving = serving.to(memory_format=torch.contiguous_format).eval()
     example = torch.zeros((2, 3, image_size, image_size), dtype=torch.uint8)
     batch = torch.export.Dim("batch", min=2)
     return torch.export.export(serving, (example,), dynamic_shapes=({0: batch},))
@@ -77,11 +77,9 @@ def log_torch_classifier(net, normalize, *, image_size: int, crop_fraction: floa
     """
     import mlflow
     import mlflow.pytorch
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, Schema
 
     from dist_dl.core import compat
-    from dist_dl.tracking.log import logged_model
+    from dist_dl.tracking.log import classifier_signature, logged_model
     from dist_dl.tracking.torch_pyfunc import TORCH_ARTIFACT, TorchImageClassifier
 
     import torch
@@ -90,10 +88,7 @@ def log_torch_classifier(net, normalize, *, image_size: int, crop_fraction: floa
     python_model = TorchImageClassifier(image_size=image_size, crop_fraction=crop_fraction,
                                         image_col=image_col, class_names=class_names,
                                         batch_size=batch_size)
-    signature = ModelSignature(
-        inputs=Schema([ColSpec("binary", image_col)]),
-        outputs=Schema([ColSpec("long", "prediction"), ColSpec("double", "probability"),
-                        ColSpec(Array("double"), "probabilities")]))
+    signature = classifier_signature(image_col)
     run = mlflow.active_run()
     if run is None:
         raise RuntimeError("log_torch_classifier logs into the active MLflow run: start one")

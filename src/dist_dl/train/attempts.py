@@ -131,11 +131,13 @@ def torch_uses_gpu(backend: str, spark) -> bool:
     """Whether the torch engine's workers train on GPUs: on the driver where
     it has GPUs, on Spark tasks where GPU scheduling gives tasks GPUs
     (``spark.task.resource.gpu.amount``)."""
-    if backend == "local":
-        from dist_dl.launch.sparkchecks import driver_gpus
+    from dist_dl.core.sparkconf import conf_value
+    from dist_dl.launch.sparkchecks import driver_gpus
+    from dist_dl.launch.torch_distributor import GPU_RESOURCE
 
-        return bool(driver_gpus(spark, "gpu"))
-    return spark.sparkContext.getConf().get("spark.task.resource.gpu.amount") is not None
+    if backend == "local":
+        return bool(driver_gpus(spark, GPU_RESOURCE))
+    return conf_value(spark.sparkContext, f"spark.task.resource.{GPU_RESOURCE}.amount") is not None
 
 
 def last_checkpoint(spec):

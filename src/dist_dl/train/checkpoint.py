@@ -210,8 +210,10 @@ class CheckpointManager:
                              lambda tmp: torch.save(dict(state), tmp / TORCH_STATE),
                              has_optimizer="optimizer" in state)
 
-    def read_torch(self, checkpoint: CheckpointInfo, map_location="cpu") -> dict:
-        """The ``state`` a :meth:`save_torch` checkpoint holds (verified first).
+    def read_torch(self, checkpoint: CheckpointInfo | str | os.PathLike,
+                   map_location="cpu") -> dict:
+        """The ``state`` a :meth:`save_torch` checkpoint (its info or its
+        folder) holds, verified first.
 
         Raises:
             ValueError: the checkpoint is not a torch engine's, or fails
@@ -219,7 +221,7 @@ class CheckpointManager:
         """
         import torch
 
-        info = self.verify(checkpoint.path)
+        info = self.verify(getattr(checkpoint, "path", checkpoint))
         path = info.path / TORCH_STATE
         if not path.is_file():
             raise ValueError(f"checkpoint {info.path} was written by a TensorFlow engine, not the "

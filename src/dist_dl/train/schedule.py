@@ -23,98 +23,99 @@ import math
 from dist_dl.core import compat
 from dist_dl.core.lazy import lazy_attributes
 
-__all__ = ["WarmupScaledSchedule", "rate_at", "warmup_scaled_rates"]
+__all__ = ["WarmupScaledRates", "WarmupScaledSchedule"]
 
 
-def rate_at(step: int, base_lr: float, scaled_lr: float, warmup_steps: int,
-            total_steps: int | None) -> float:
-    """The schedule's rate at ``step``, in plain Python: linear from
-    ``base_lr`` to ``scaled_lr`` over ``warmup_steps``, then constant (no
-    ``total_steps``) or a half cosine to 0 at ``total_steps``. The Keras
-    schedule computes the same curve in its graph; the torch engine sets
-    its optimizer's rate from this one, step by step."""
-    if step < warmup_steps:
-        return base_lr + (scaled_lr - base_lr) * step / warmup_steps
-    if total_steps is None or total_steps == warmup_steps:
-        return scaled_lr
-    done = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return scaled_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+class WarmupScaledRates:
+    """``base_lr`` at step 0, rising linearly to ``base_lr * num_workers`` at
+    step ``warmup_epochs * steps_per_epoch``; then constant, or with
+    ``total_epochs`` a half-cosine decay to 0 at ``total_epochs *
+    steps_per_epoch``. In plain Python: ``rates(step)`` is the rate at
+    ``step`` (the torch engine sets its optimizer's rate from it, step by
+    step); :class:`WarmupScaledSchedule` is the same curve as a Keras
+    schedule, computed in its graph.
 
+    Args:
+        base_lr: The learning rate for one worker.
+        num_workers: Number of data-parallel workers (``hvd.size()``).
+        steps_per_epoch: Optimizer steps per epoch on each worker.
+        warmup_epochs: Epochs of warmup (default 5, as in the paper; 0 starts
+            at the scaled rate). May be fractional.
+        total_epochs: The run's length, for the cosine decay; None (default):
+            no decay.
+    """
 
-def warmup_scaled_rates(base_lr: float, num_workers: int, steps_per_epoch: int,
-                        warmup_epochs: float = 5, total_epochs: float | None = None):
-    """``step -> rate`` of :class:`WarmupScaledSchedule` with these arguments,
-    without TensorFlow (for the torch engine)."""
-    warmup_steps = int(round(warmup_epochs * steps_per_epoch))
-    total_steps = (None if total_epochs is None
-                   else max(warmup_steps, int(round(total_epochs * steps_per_epoch))))
-    scaled = float(base_lr) * num_workers
-    return lambda step: rate_at(step, float(base_lr), scaled, warmup_steps, total_steps)
+    def __init__(self, base_lr: float, num_workers: int, steps_per_epoch: int,
+                 warmup_epochs: float = 5, total_epochs: float | None = None):
+        if not isinstance(base_lr, (int, float)) or isinstance(base_lr, bool) or base_lr <= 0:
+            raise ValueError(f"base_lr must be a positive number, got {base_lr!r}")
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if not isinstance(steps_per_epoch, int) or isinstance(steps_per_epoch, bool) or steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be an int >= 1, got {steps_per_epoch!r}")
+        if not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool) or warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be a number >= 0, got {warmup_epochs!r}")
+        if total_epochs is not None and (not isinstance(total_epochs, (int, float))
+                                         or isinstance(total_epochs, bool)
+                                         or total_epochs < warmup_epochs or total_epochs <= 0):
+            raise ValueError(f"total_epochs must be None or a number > 0 and >= warmup_epochs "
+                             f"({warmup_epochs}), got {total_epochs!r}")
+        self.base_lr = float(base_lr)
+        self.num_workers = num_workers
+        self.steps_per_epoch = steps_per_epoch
+        self.warmup_epochs = warmup_epochs
+        self.total_epochs = total_epochs
+
+    @property
+    def scaled_lr(self) -> float:
+        """The rate after warmup: ``base_lr * num_workers``."""
+        return self.base_lr * self.num_workers
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps until the scaled rate is reached."""
+        return int(round(self.warmup_epochs * self.steps_per_epoch))
+
+    @property
+    def total_steps(self) -> int | None:
+        """The step the decay reaches 0 at (None: no decay)."""
+        if self.total_epochs is None:
+            return None
+        return max(self.warmup_steps, int(round(self.total_epochs * self.steps_per_epoch)))
+
+    def value_at(self, step: int) -> float:
+        """The rate at ``step``, in plain Python."""
+        if step < self.warmup_steps:
+            return self.base_lr + (self.scaled_lr - self.base_lr) * step / self.warmup_steps
+        total = self.total_steps
+        if total is None or total == self.warmup_steps:
+            return self.scaled_lr
+        done = min(1.0, (step - self.warmup_steps) / (total - self.warmup_steps))
+        return self.scaled_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    __call__ = value_at
+
+    def get_config(self) -> dict:
+        return {"base_lr": self.base_lr, "num_workers": self.num_workers,
+                "steps_per_epoch": self.steps_per_epoch, "warmup_epochs": self.warmup_epochs,
+                "total_epochs": self.total_epochs}
 
 
 def _define_schedule():
     import tensorflow as tf
     keras = compat.keras()
 
-    class WarmupScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
-        """``base_lr`` at step 0, rising linearly to ``base_lr * num_workers`` at
-        step ``warmup_epochs * steps_per_epoch``; then constant, or with
-        ``total_epochs`` a half-cosine decay to 0 at ``total_epochs *
-        steps_per_epoch``.
-
-        Args:
-            base_lr: The learning rate for one worker.
-            num_workers: Number of data-parallel workers (``hvd.size()``).
-            steps_per_epoch: Optimizer steps per epoch on each worker.
-            warmup_epochs: Epochs of warmup (default 5, as in the paper; 0 starts
-                at the scaled rate). May be fractional.
-            total_epochs: The run's length, for the cosine decay; None (default):
-                no decay.
-        """
+    class WarmupScaledSchedule(keras.optimizers.schedules.LearningRateSchedule,
+                               WarmupScaledRates):
+        """:class:`WarmupScaledRates` as a Keras learning-rate schedule: the
+        same arguments and curve, computed in the optimizer's graph from its
+        step."""
 
         def __init__(self, base_lr: float, num_workers: int, steps_per_epoch: int,
                      warmup_epochs: float = 5, total_epochs: float | None = None):
-            super().__init__()
-            if not isinstance(base_lr, (int, float)) or isinstance(base_lr, bool) or base_lr <= 0:
-                raise ValueError(f"base_lr must be a positive number, got {base_lr!r}")
-            if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-                raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
-            if not isinstance(steps_per_epoch, int) or isinstance(steps_per_epoch, bool) or steps_per_epoch < 1:
-                raise ValueError(f"steps_per_epoch must be an int >= 1, got {steps_per_epoch!r}")
-            if not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool) or warmup_epochs < 0:
-                raise ValueError(f"warmup_epochs must be a number >= 0, got {warmup_epochs!r}")
-            if total_epochs is not None and (not isinstance(total_epochs, (int, float))
-                                             or isinstance(total_epochs, bool)
-                                             or total_epochs < warmup_epochs or total_epochs <= 0):
-                raise ValueError(f"total_epochs must be None or a number > 0 and >= warmup_epochs "
-                                 f"({warmup_epochs}), got {total_epochs!r}")
-            self.base_lr = float(base_lr)
-            self.num_workers = num_workers
-            self.steps_per_epoch = steps_per_epoch
-            self.warmup_epochs = warmup_epochs
-            self.total_epochs = total_epochs
-
-        @property
-        def scaled_lr(self) -> float:
-            """The rate after warmup: ``base_lr * num_workers``."""
-            return self.base_lr * self.num_workers
-
-        @property
-        def warmup_steps(self) -> int:
-            """Steps until the scaled rate is reached."""
-            return int(round(self.warmup_epochs * self.steps_per_epoch))
-
-        @property
-        def total_steps(self) -> int | None:
-            """The step the decay reaches 0 at (None: no decay)."""
-            if self.total_epochs is None:
-                return None
-            return max(self.warmup_steps, int(round(self.total_epochs * self.steps_per_epoch)))
-
-        def value_at(self, step: int) -> float:
-            """The rate at ``step``, in plain Python (for logging and tests)."""
-            return rate_at(step, self.base_lr, self.scaled_lr, self.warmup_steps,
-                           self.total_steps)
+            keras.optimizers.schedules.LearningRateSchedule.__init__(self)
+            WarmupScaledRates.__init__(self, base_lr, num_workers, steps_per_epoch,
+                                       warmup_epochs, total_epochs)
 
         def __call__(self, step):
             step = tf.cast(step, tf.float32)
@@ -130,10 +131,7 @@ def _define_schedule():
             warm = self.base_lr + (self.scaled_lr - self.base_lr) * tf.minimum(fraction, 1.0)
             return tf.where(step < float(self.warmup_steps), warm, rate)
 
-        def get_config(self) -> dict:
-            return {"base_lr": self.base_lr, "num_workers": self.num_workers,
-                    "steps_per_epoch": self.steps_per_epoch, "warmup_epochs": self.warmup_epochs,
-                    "total_epochs": self.total_epochs}
+        get_config = WarmupScaledRates.get_config
 
     WarmupScaledSchedule.__module__ = __name__
     WarmupScaledSchedule.__qualname__ = "WarmupScaledSchedule"

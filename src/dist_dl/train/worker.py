@@ -223,19 +223,10 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
     logs the model into the run the driver created (and will close).
     ``weights_everywhere``: every worker reads the final weights (tf.distribute).
     ``fit(callbacks)``: a training loop of one's own instead of ``model.fit``."""
-    import mlflow
-
-    from dist_dl.tracking.target import attached_run
-
     cfg = spec.config
     if spec.callbacks is not None:
         callbacks = [*callbacks, *spec.callbacks()]
-    if rank == 0:
-        mlflow.set_tracking_uri(spec.tracking_uri)
-        if spec.registry_uri:
-            mlflow.set_registry_uri(spec.registry_uri)
-    # The driver's run, whose status only the driver sets (see attached_run).
-    with attached_run(spec.run_id) if rank == 0 else contextlib.nullcontext():
+    with drivers_run(spec) if rank == 0 else contextlib.nullcontext():
         if initial_epoch < cfg.epochs and fit is not None:
             fit(callbacks)
         elif initial_epoch < cfg.epochs:
@@ -246,6 +237,36 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
             return None
         logged = _log_final_model(spec, model, reader, mixed, weights=weights)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
+
+
+def drivers_run(spec: WorkerSpec):
+    """Rank 0's MLflow context: the driver's tracking store and registry,
+    and the run the driver created as the active run, whose status only the
+    driver sets (see :func:`dist_dl.tracking.target.attached_run`)."""
+    import mlflow
+
+    from dist_dl.tracking.target import attached_run
+
+    mlflow.set_tracking_uri(spec.tracking_uri)
+    if spec.registry_uri:
+        mlflow.set_registry_uri(spec.registry_uri)
+    return attached_run(spec.run_id)
+
+
+def progress_text(epoch: int, epochs: int, step: int, steps: int, steps_done: int,
+                  seconds: float, global_batch: int, logs: dict | None = None) -> str:
+    """A progress line for the driver: the epoch (0-based ``epoch``) and
+    step, images/s over the ``steps_done`` steps of the last ``seconds``,
+    the time left, and the epoch's losses and accuracies when given."""
+    rate = steps_done / max(seconds, 1e-9)
+    left = ((epochs - epoch) * steps - step) / rate if rate > 0 else math.inf
+    text = (f"epoch {epoch + 1}/{epochs} step {step}/{steps}: "
+            f"{rate * global_batch:.1f} images/s, {format_duration(left)} left")
+    if logs:
+        shown = {k: v for k, v in logs.items() if k in ("loss", "accuracy", "val_loss",
+                                                        "val_accuracy")}
+        text += "; " + ", ".join(f"{k} {float(v):.4f}" for k, v in shown.items())
+    return text
 
 
 def _check_ranks(expected: tuple[int, int], actual: tuple[int, int]) -> None:
@@ -389,15 +410,8 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
             self._report(steps, time.perf_counter(), logs)
 
         def _report(self, step, now, logs=None):
-            rate = self._done / max(now - self._start, 1e-9)
-            left = ((epochs - self._epoch) * steps - step) / rate if rate > 0 else math.inf
-            text = (f"epoch {self._epoch + 1}/{epochs} step {step}/{steps}: "
-                    f"{rate * global_batch:.1f} images/s, {format_duration(left)} left")
-            if logs:
-                shown = {k: v for k, v in logs.items() if k in ("loss", "accuracy", "val_loss",
-                                                                "val_accuracy")}
-                text += "; " + ", ".join(f"{k} {float(v):.4f}" for k, v in shown.items())
-            log_to_driver(text)
+            log_to_driver(progress_text(self._epoch, epochs, step, steps, self._done,
+                                        now - self._start, global_batch, logs))
 
     return Progress()
 

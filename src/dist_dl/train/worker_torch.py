@@ -15,7 +15,7 @@ rank). One call of :func:`train_worker_torch` is one attempt:
   (the rows and transforms of the TensorFlow reader; decoded on the CPU or,
   with ``decode="gpu"``, on the GPU), ``train_steps`` batches per epoch;
 - SGD with momentum at the scaled, warmed-up rate of
-  :func:`~dist_dl.train.schedule.warmup_scaled_rates`, set before every step;
+  :class:`~dist_dl.train.schedule.WarmupScaledRates`, set before every step;
 - on GPUs autocast to bfloat16 (float16 with a gradient scaler where the GPU
   has no bfloat16); on CPUs float32 (bfloat16 with ``mixed_precision="on"``);
 - per epoch: training loss and accuracy over all ranks' rows, an exact
@@ -31,12 +31,10 @@ Imports no TensorFlow.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 
-from dist_dl.core.progress import format_duration
-from dist_dl.train.worker import WorkerSpec
+from dist_dl.train.worker import WorkerSpec, _log, drivers_run, progress_text
 
 __all__ = ["train_worker_torch", "precision"]
 
@@ -94,7 +92,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     from dist_dl.read.torchdata import Normalize, make_loader
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.models_torch import build_torch_model
-    from dist_dl.train.schedule import warmup_scaled_rates
+    from dist_dl.train.schedule import WarmupScaledRates
+    from dist_dl.train.timing import StepTimes
 
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -120,9 +119,9 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)
-    rate = warmup_scaled_rates(cfg.learning_rate, size if cfg.scale_learning_rate else 1,
-                               spec.train_steps, min(cfg.warmup_epochs, cfg.epochs),
-                               total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
+    rate = WarmupScaledRates(cfg.learning_rate, size if cfg.scale_learning_rate else 1,
+                             spec.train_steps, min(cfg.warmup_epochs, cfg.epochs),
+                             total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)
 
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
@@ -145,7 +144,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     autocast = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) \
         if autocast_dtype is not None else contextlib.nullcontext
     global_batch = cfg.batch_size * size
-    progress = _Progress(rank, cfg.epochs, spec.train_steps, global_batch, initial_epoch)
+    progress = _Progress(rank, cfg.epochs, spec.train_steps, global_batch)
+    times = StepTimes()
 
     def to_device(batch):
         images, labels, weights = batch
@@ -157,14 +157,15 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         started = time.perf_counter()
         ddp.train()
         sums = torch.zeros(3, dtype=torch.float64, device=device)
-        ends, cpu, waited = [], [], 0.0
+        times.clear()
+        waited = 0.0
         loader.set_epoch(epoch)
         batches = iter(loader)
         try:
-            for _ in range(spec.train_steps):
+            for index in range(spec.train_steps):
                 asked = time.perf_counter()
                 batch = next(batches)
-                if ends:  # the first step's wait fills the pipeline: not counted
+                if index:  # the first step's wait fills the pipeline: not counted
                     waited += time.perf_counter() - asked
                 images, labels, weights = to_device(batch)
                 for group in optimizer.param_groups:
@@ -184,22 +185,21 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
                     sums += torch.stack([(losses.detach() * weights).sum(), (correct * weights).sum(),
                                          weights.sum()]).double()
                 progress.step(epoch)
-                if on_gpu and len(ends) < 1:
+                # The steps are timed between their ends: on a GPU, the first
+                # and the last when their work is done.
+                if on_gpu and index in (0, spec.train_steps - 1):
                     torch.cuda.synchronize(device)
-                ends.append(time.perf_counter())
-                cpu.append(time.process_time())
+                times.record()
         finally:
             batches.close()
-        if on_gpu:
-            torch.cuda.synchronize(device)
-        ends[-1] = time.perf_counter()
         dist.all_reduce(sums)
         logs = {"loss": float(sums[0] / sums[2]), "accuracy": float(sums[1] / sums[2]),
                 "learning_rate": rate(step)}
-        if len(ends) > 1 and ends[-1] > ends[0]:
-            logs["train_images_per_second"] = (len(ends) - 1) * global_batch / (ends[-1] - ends[0])
-            logs["train_cpu_per_second"] = (cpu[-1] - cpu[0]) / (ends[-1] - ends[0])
-            logs["train_input_wait_fraction"] = waited / (ends[-1] - ends[0])
+        images_per_second = times.rate(global_batch)
+        if images_per_second is not None:
+            logs["train_images_per_second"] = images_per_second
+            logs["train_cpu_per_second"] = times.cpu_per_second()
+            logs["train_input_wait_fraction"] = waited / (times.wall[-1] - times.wall[0])
             _warn_input_bound(rank, logs["train_input_wait_fraction"], cfg, on_gpu, progress)
         if val_loader is not None:
             logs.update(_validate(ddp, val_loader, to_device, autocast, device))
@@ -281,16 +281,15 @@ def _resume(manager, rank: int, net, optimizer, scaler, device) -> tuple[int, in
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return 0, 0
-    info = manager.verify(chosen[0])
-    state = manager.read_torch(info, map_location=device)
+    state = manager.read_torch(chosen[0], map_location=device)
     try:
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, RuntimeError, ValueError) as exc:
-        raise ValueError(f"checkpoint {info.path} does not match this model or optimizer (built "
+        raise ValueError(f"checkpoint {chosen[0]} does not match this model or optimizer (built "
                          f"by another builder?): {exc}") from None
     scaler.load_state_dict(state.get("scaler", {}))
-    _log(rank, f"restored checkpoint {info.path} (epoch {info.epoch})")
+    _log(rank, f"restored checkpoint {chosen[0]} (epoch {state['epoch']})")
     return int(state["epoch"]), int(state["step"])
 
 
@@ -306,15 +305,9 @@ def _log_metrics(spec: WorkerSpec, logs: dict, epoch: int) -> None:
 def _log_model(spec: WorkerSpec, net, normalize, cfg) -> dict:
     """Rank 0: the trained model into the driver's run (see
     :mod:`dist_dl.tracking.torch_log`)."""
-    import mlflow
-
-    from dist_dl.tracking.target import attached_run
     from dist_dl.tracking.torch_log import log_torch_classifier
 
-    mlflow.set_tracking_uri(spec.tracking_uri)
-    if spec.registry_uri:
-        mlflow.set_registry_uri(spec.registry_uri)
-    with attached_run(spec.run_id):
+    with drivers_run(spec):
         logged = log_torch_classifier(net, normalize, image_size=cfg.image_size,
                                       crop_fraction=cfg.eval_crop_fraction,
                                       class_names=list(spec.class_names),
@@ -326,18 +319,11 @@ def _precision_name(dtype) -> str:
     return "float32" if dtype is None else f"{str(dtype).rsplit('.', 1)[-1]} autocast"
 
 
-def _log(rank: int, message: str) -> None:
-    if rank == 0:
-        from dist_dl.launch import log_to_driver
-
-        log_to_driver(message)
-
-
 class _Progress:
     """Progress lines to the driver (rank 0): every ``every`` seconds and at
-    each epoch's end, with images/s and the time left."""
+    each epoch's end (:func:`~dist_dl.train.worker.progress_text`)."""
 
-    def __init__(self, rank: int, epochs: int, steps: int, global_batch: int, first_epoch: int,
+    def __init__(self, rank: int, epochs: int, steps: int, global_batch: int,
                  every: float = 30.0):
         self._rank, self._epochs, self._steps = rank, epochs, steps
         self._global_batch, self._every = global_batch, every
@@ -349,23 +335,14 @@ class _Progress:
         self._done += 1
         self._in_epoch += 1
         now = time.perf_counter()
-        if self._rank == 0 and now - self._last >= self._every:
+        if now - self._last >= self._every:
             self._last = now
             self._report(epoch, self._in_epoch, now)
 
     def epoch_end(self, epoch: int, logs: dict) -> None:
-        if self._rank == 0:
-            self._report(epoch, self._steps, time.perf_counter(), logs)
+        self._report(epoch, self._steps, time.perf_counter(), logs)
         self._in_epoch = 0
 
     def _report(self, epoch: int, step: int, now: float, logs: dict | None = None) -> None:
-        from dist_dl.launch import log_to_driver
-
-        rate = self._done / max(now - self._start, 1e-9)
-        left = ((self._epochs - epoch) * self._steps - step) / rate if rate > 0 else math.inf
-        text = (f"epoch {epoch + 1}/{self._epochs} step {step}/{self._steps}: "
-                f"{rate * self._global_batch:.1f} images/s, {format_duration(left)} left")
-        if logs:
-            shown = [k for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in logs]
-            text += "; " + ", ".join(f"{k} {logs[k]:.4f}" for k in shown)
-        log_to_driver(text)
+        _log(self._rank, progress_text(epoch, self._epochs, step, self._steps, self._done,
+                                       now - self._start, self._global_batch, logs))
