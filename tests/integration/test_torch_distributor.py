@@ -35,17 +35,25 @@ TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD
                       "LOCAL_WORLD_SIZE")
 
 
-def _workers_left() -> list[str]:
-    """Worker processes of this test process's jobs still running (Spark's
-    Python workers included: they are children of its JVM, a child of this)."""
-    left = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if "dist_dl.launch._worker_main" in " ".join(proc.cmdline()):
-                left.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
-        except psutil.Error:
-            pass
-    return left
+def _workers_left(within: float = 10.0) -> list[str]:
+    """Worker processes of this test process's jobs still running ``within``
+    seconds from now (Spark's Python workers included: they are children of
+    its JVM, a child of this). A failed job's other ranks end as their Spark
+    tasks are cancelled, which may come a moment after the error is raised:
+    the launcher's tests give them the same 10 s."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if ("dist_dl.launch._worker_main" in " ".join(proc.cmdline())
+                        and proc.status() != psutil.STATUS_ZOMBIE):
+                    left.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
+            except psutil.Error:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def allreduce_and_place(scale, offset=0):
