@@ -83,6 +83,9 @@ def main(argv=None) -> int:
                         help="leave out Horovod's own recipe on Spark")
     parser.add_argument("--no-reader-check", dest="reader_check", action="store_false",
                         help="leave out the reader alone")
+    parser.add_argument("--device-rate", type=float, default=None,
+                        help="images/s one device trains on, to size the input for (e.g. a GPU's "
+                             "rate from benchmarks/gpu.py; default: the rate measured here)")
     parser.add_argument("--results", default=os.path.join(HERE, "results.json"),
                         help="results file the headline ratios are merged into ('' for none)")
     parser.add_argument("--tracking-uri",
@@ -100,11 +103,12 @@ def main(argv=None) -> int:
                       steps=args.steps, warmup_steps=args.warmup_steps, rounds=args.rounds,
                       threads_per_worker=1, mixed_precision=args.mixed_precision,
                       peer=args.peer, reader_check=args.reader_check,
-                      results=args.results or None,
+                      device_images_per_second=args.device_rate, results=args.results or None,
                       output=os.path.join(HERE, f"train-{time.strftime('%Y%m%d-%H%M%S')}.json"))
     if args.quick:
         cfg = BenchConfig(model="small_cnn", image_size=16, steps=3, warmup_steps=1, rounds=1,
-                          peer=args.peer, reader_check=args.reader_check, output=None)
+                          peer=args.peer, reader_check=args.reader_check,
+                          device_images_per_second=args.device_rate, output=None)
     spark = None
     if "spark" in chosen:
         from dist_dl.core.session import get_spark

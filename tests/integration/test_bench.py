@@ -2,6 +2,7 @@
 results file (tiny settings: the figures themselves come from
 benchmarks/train.py on a quiet machine; nothing here asserts a speed)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,13 @@ def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     assert any("tfdist / tf_peer: median" in line for line in lines)
     assert any(line.startswith("dist: Img/sec per device:") for line in lines)
     assert any(line.startswith("input: ") for line in lines)
+    # Cores per device from the reader's own CPU use and the measured rate per worker.
+    reader = setups["reader_alone"]
+    cores = report["input"]["cores"]
+    assert cores["cores_needed"] == pytest.approx(
+        (rate("dist") / 2) / (rate("reader_alone") / reader["cpu_per_second"][0]))
+    assert cores["cores_per_device"] == (os.cpu_count() or 1) / 2
+    assert any(line == "input: " + cores["message"] for line in lines)
     assert (tmp_path / "bench.json").exists()
 
     written = json.loads(results.read_text())

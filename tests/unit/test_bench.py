@@ -8,7 +8,7 @@ import threading
 import time
 import pytest
 
-from dist_dl.app.bench import (CpuSampler, input_verdict, merge_results, plot_results,
+from dist_dl.app.bench import (CpuSampler, cores_per_device, input_verdict, merge_results, plot_results,
                            publish_results, result_entry, thread_split)
 from dist_dl.train.timing import StepTimes
 
@@ -111,6 +111,34 @@ def test_input_verdict_says_by_how_much_and_what_to_change():
     assert not narrow["input_bound"] and "keeps up, narrowly" in narrow["message"]
     plenty = input_verdict(400.0, 40.0, reader_threads=2, rows_per_row_group=32)
     assert "not input-bound" in plenty["message"] and "10.0x" in plenty["message"]
+
+
+def test_cores_per_device_compares_the_input_work_with_the_nodes_cores():
+    # An H200-class rate (4,600 images/s) against 600 images per CPU-second:
+    # 7.7 cores per GPU; a node of 8 GPUs and 64 cores has 8 each.
+    enough = cores_per_device(600.0, 4600.0, cores=64, devices=8, measured_device=False)
+    assert enough["enough"] and round(enough["cores_needed"], 2) == 7.67
+    assert enough["cores_per_device"] == 8.0
+    assert "enough" in enough["message"] and "(as given)" in enough["message"]
+    assert "Levers" not in enough["message"]
+    short = cores_per_device(600.0, 4600.0, cores=48, devices=8)
+    assert not short["enough"] and "SHORT by 1.7" in short["message"]
+    assert "measured here" in short["message"] and "6.0 per device" in short["message"]
+    for lever in ("decode='gpu'", "max_side=320", "more cores per device"):
+        assert lever in short["message"]
+    for bad in (dict(per_cpu_second=0.0, device_rate=1.0), dict(per_cpu_second=1.0, device_rate=-1.0)):
+        with pytest.raises(ValueError, match="rates must be positive"):
+            cores_per_device(**bad, cores=2, devices=1)
+    with pytest.raises(ValueError, match="cores and devices must be >= 1"):
+        cores_per_device(1.0, 1.0, cores=2, devices=0)
+
+
+def test_device_rate_setting_must_be_positive():
+    from dist_dl.app.config import BenchConfig
+
+    assert BenchConfig(device_images_per_second=4600.0).device_images_per_second == 4600.0
+    with pytest.raises(ValueError, match="device_images_per_second"):
+        BenchConfig(device_images_per_second=0.0)
 
 
 BUSY_CHILD = """

@@ -126,7 +126,11 @@ class BenchConfig:
         peer: Also run the peer: Horovod's own Keras recipe, launched with
             ``horovod.spark.run`` on the same Spark (``dist / peer``).
         reader_check: Also time one worker's reader alone on the same shards
-            (is training input-bound?).
+            (is training input-bound?), and say how many CPU cores each
+            device needs to feed it (:func:`~dist_dl.app.bench.cores_per_device`).
+        device_images_per_second: The training rate of one device to size the
+            input for (e.g. one GPU's images/s for this model); default: the
+            rate per worker measured here.
         output: JSON file the full record is written to (optional).
         results: Shared results file the headline ratios are merged into,
             with a PNG beside it (e.g. ``benchmarks/results.json``; optional).
@@ -144,6 +148,7 @@ class BenchConfig:
     mixed_precision: str = setting("auto", choices=("auto", "on", "off"))
     peer: bool = setting(True)
     reader_check: bool = setting(True)
+    device_images_per_second: float | None = setting(None, low=0.0, low_open=True)
     output: str | None = setting(None)
     results: str | None = setting(None)
 

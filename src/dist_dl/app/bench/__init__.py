@@ -13,6 +13,7 @@ _EXPORTS = {
     "MemoryPeaks": "dist_dl.app.bench.measure",
     "thread_split": "dist_dl.app.bench.measure",
     "input_verdict": "dist_dl.app.bench.driver",
+    "cores_per_device": "dist_dl.app.bench.driver",
     "result_entry": "dist_dl.app.bench.results",
     "merge_results": "dist_dl.app.bench.results",
     "plot_results": "dist_dl.app.bench.results",
@@ -23,11 +24,11 @@ _EXPORTS = {
 # What the names are, for type checkers and the API reference (mkdocstrings);
 # at run time each is imported on first use.
 if TYPE_CHECKING:
-    from dist_dl.app.bench.driver import input_verdict, run_benchmark  # noqa: F401
+    from dist_dl.app.bench.driver import cores_per_device, input_verdict, run_benchmark  # noqa: F401
     from dist_dl.app.bench.measure import CpuSampler, MemoryPeaks, StepRecorder, thread_split  # noqa: F401
     from dist_dl.app.bench.results import (GOALS, merge_results, plot_results, publish_results, result_entry)  # noqa: F401
 
 __all__ = ["run_benchmark", "StepRecorder", "CpuSampler", "MemoryPeaks", "thread_split", "input_verdict",
-           "result_entry", "merge_results", "plot_results", "publish_results", "GOALS"]
+           "cores_per_device", "result_entry", "merge_results", "plot_results", "publish_results", "GOALS"]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

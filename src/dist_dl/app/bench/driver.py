@@ -71,7 +71,7 @@ from dist_dl.core.deprecation import renamed_parameters
 from dist_dl.core.locations import file_url
 from dist_dl.train.config import TrainConfig
 
-__all__ = ["run_benchmark", "input_verdict"]
+__all__ = ["run_benchmark", "input_verdict", "cores_per_device"]
 
 
 @renamed_parameters({"experiment": "experiment_name"})
@@ -239,6 +239,15 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                 statistics.median(results["dist"]["images_per_second"]) / cfg.num_workers,
                 reader_threads=scaled.reader_threads, rows_per_row_group=_row_group_rows(files),
                 cached=scaled.cache_dir is not None)
+            reader = results["reader_alone"]
+            per_cpu_second = [rate / cpu for rate, cpu in zip(reader["images_per_second"],
+                                                              reader["cpu_per_second"]) if cpu]
+            if per_cpu_second:
+                report["input"]["cores"] = cores_per_device(
+                    statistics.median(per_cpu_second),
+                    cfg.device_images_per_second or report["input"]["train_images_per_second"],
+                    cores=os.cpu_count() or 1, devices=cfg.num_workers,
+                    measured_device=cfg.device_images_per_second is None)
         for line in _table(report):
             out(line)
         if cfg.output:
@@ -319,7 +328,45 @@ def _table(report: dict) -> list[str]:
                      f"NCCL built: {report['horovod']['nccl']}")
     if report.get("input"):
         lines.append("input: " + report["input"]["message"])
+        if report["input"].get("cores"):
+            lines.append("input: " + report["input"]["cores"]["message"])
     return lines
+
+
+def cores_per_device(per_cpu_second: float, device_rate: float, *, cores: int, devices: int,
+                     measured_device: bool = True) -> dict:
+    """How many CPU cores one device needs to be fed, and whether the node has them.
+
+    ``per_cpu_second``: images one CPU-second of the input pipeline delivers
+    (read, decode, crop, batch); ``device_rate``: images/s one device trains
+    on (``measured_device``: measured here, else given); ``cores`` and
+    ``devices``: the node's CPU cores and the training devices (GPUs, or
+    workers on CPUs) that share them. Returns ``{"cores_needed",
+    "cores_per_device", "enough": bool, "message": str}``; the message gives
+    the figures and, where the cores fall short, the levers.
+    """
+    if per_cpu_second <= 0 or device_rate <= 0:
+        raise ValueError(f"rates must be positive: {per_cpu_second!r} images per CPU-second, "
+                         f"{device_rate!r} images/s per device")
+    if cores < 1 or devices < 1:
+        raise ValueError(f"cores and devices must be >= 1, got {cores} and {devices}")
+    needed = device_rate / per_cpu_second
+    have = cores / devices
+    source = "measured here" if measured_device else "as given"
+    figures = (f"the input pipeline delivers {per_cpu_second:.0f} images per CPU-second; one device "
+               f"trains on {device_rate:.0f} images/s ({source}), so each device needs "
+               f"{needed:.1f} cores of input work; this node has {have:.1f} per device "
+               f"({cores} cores, {devices} devices)")
+    if needed <= have:
+        message = f"cores per device: enough: {figures}."
+    else:
+        message = (f"cores per device: SHORT by {needed - have:.1f}: {figures}. Levers: "
+                   "decode on the GPU (train_distributed(engine='torch', decode='gpu')); shards "
+                   "stored smaller (ShardConfig(max_side=320), or train_distributed(df, "
+                   "max_side=320)): decoding scales with pixels; more cores per device (fewer "
+                   "workers per node, or a node type with more cores per GPU).")
+    return {"cores_needed": needed, "cores_per_device": have, "enough": needed <= have,
+            "message": message}
 
 
 def _row_group_rows(files: list) -> int | None:
