@@ -1,6 +1,7 @@
-"""The library on a cluster of separate hosts (tests/hosts.py): a Spark
-master, two workers and the driver, each with its own address and /tmp,
-sharing one folder as DBFS would. Driver programs run on the driver host.
+"""The library on a cluster of separate hosts
+(tests/support/host_cluster.py): a Spark master, two workers and the driver,
+each with its own address and /tmp, sharing one folder as DBFS would.
+Driver programs run on the driver host.
 
 Needs root; under CI=true a missing capability fails the tests instead of
 skipping them. One cluster (the `hosts` fixture of conftest.py) serves the
@@ -94,6 +95,45 @@ def test_horovod_runner_between_worker_hosts(hosts):
         assert w["sum"] == 30.0
 
 
+_TORCH_DISTRIBUTOR = """
+import json
+from dist_dl import TorchDistributor
+from dist_dl.core.session import get_spark
+
+def main(scale):
+    import os, socket
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1) * scale])
+    dist.all_reduce(total)
+    me = {"rank": dist.get_rank(), "host": socket.gethostname(),
+          "master": os.environ["MASTER_ADDR"], "sum": float(total[0])}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    return everyone
+
+spark = ready(get_spark(MASTER))
+everyone = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(main, 10.0)
+print(json.dumps({"workers": everyone}))
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.needs("torch")
+@pytest.mark.profile_subset_164
+def test_torch_distributor_between_worker_hosts(hosts):
+    """TorchDistributor(num_processes=2, local_mode=False): one process on
+    each worker host, Gloo between them, MASTER_ADDR rank 0's own host
+    address (not loopback, not the driver); rank 0's result comes back."""
+    out = hosts.run_driver(_TORCH_DISTRIBUTOR)
+    workers = sorted(out["workers"], key=lambda w: w["rank"])
+    assert {w["host"] for w in workers} == {"worker1", "worker2"}
+    rank0_host = workers[0]["host"]
+    assert {w["master"] for w in workers} == {hosts.hosts[rank0_host].address}
+    assert all(w["sum"] == 30.0 for w in workers)
+
+
 @pytest.mark.timeout(600)
 def test_nics_setting_overrides_the_interface(hosts):
     """spark.dist_dl.nics names the interface; a name no host has fails
@@ -121,16 +161,21 @@ spark = ready(get_spark(MASTER))
 
 
 @pytest.mark.timeout(900)
-# tf.distribute only: Horovod between the worker hosts, its MLflow model and
-# scoring are the demo pipeline's (test_demo_pipeline_on_separate_hosts); the
-# DataFrame's shards are written by the executors the same way for both engines.
-@pytest.mark.parametrize("engine", ["tensorflow"])
+# tf.distribute and torch: Horovod between the worker hosts, its MLflow model
+# and scoring are the demo pipeline's (test_demo_pipeline_on_separate_hosts);
+# the DataFrame's shards are written by the executors the same way for every
+# engine. The torch case runs where torch is installed (the dbr-16.4-ml and
+# dbr-17.3-ml profiles).
+@pytest.mark.parametrize("engine", [
+    "tensorflow",
+    pytest.param("torch", marks=[pytest.mark.needs("torch"), pytest.mark.profile_subset_164])])
 def test_train_distributed_from_a_dataframe_then_batch_scoring(hosts, engine):
     """train_distributed(df) with the Spark backend: the executors write the
     shards, the workers on the two worker hosts read them, rank 0 logs to the
-    shared MLflow store; then transform() scores on the executors. On both
-    engines: tf.distribute's workers take their addresses from the barrier
-    stage and send their output to the driver host."""
+    shared MLflow store; then transform() scores on the executors. The
+    workers take their addresses from the barrier stage (torch's
+    MASTER_ADDR: rank 0's host) and send their output to the driver host;
+    rank 0 picks the checkpoint to resume from in the shared folder."""
     out = hosts.run_driver(_program(f"ENGINE = {engine!r}\n" + """
 from pyspark.sql import functions as F
 from dist_dl import train_distributed
