@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import workers
+from waits import left_after
 from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
                      WorkersDiverged)
 from dist_dl.launch.backend import auto_engine, select_backend
@@ -125,15 +126,13 @@ def _pids(pid_file):
 
 
 def _assert_gone_within(pids, seconds=10.0):
-    end = time.time() + seconds
-    alive = pids
-    while time.time() < end:
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"processes still running {seconds:g} s after the job: {alive}")
+    def alive():
+        return [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    left = left_after(alive, seconds)
+    if left:
+        raise AssertionError(f"processes still running {seconds:g} s after the job: {left}")
 
 
 @pytest.mark.profile_subset

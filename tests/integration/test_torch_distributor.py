@@ -23,6 +23,7 @@ pytest.importorskip("torch", reason="torch is not installed in this profile (the
 import cloudpickle  # noqa: E402
 import psutil  # noqa: E402
 from no_tensorflow import env_without_tensorflow  # noqa: E402
+from waits import left_after  # noqa: E402
 
 from dist_dl import JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError  # noqa: E402
 
@@ -41,8 +42,7 @@ def _workers_left(within: float = 10.0) -> list[str]:
     its JVM, a child of this). A failed job's other ranks end as their Spark
     tasks are cancelled, which may come a moment after the error is raised:
     the launcher's tests give them the same 10 s."""
-    deadline = time.monotonic() + within
-    while True:
+    def running() -> list[str]:
         left = []
         for proc in psutil.Process().children(recursive=True):
             try:
@@ -51,9 +51,9 @@ def _workers_left(within: float = 10.0) -> list[str]:
                     left.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
             except psutil.Error:
                 pass
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+        return left
+
+    return left_after(running, within)
 
 
 def allreduce_and_place(scale, offset=0):

@@ -12,7 +12,20 @@ from __future__ import annotations
 import time
 from dist_dl.core import compat
 
-__all__ = ["StepTimes", "step_timer"]
+__all__ = ["StepTimes", "step_timer", "input_levers"]
+
+
+def input_levers(*, gpu_decode: bool = True) -> list[str]:
+    """What to change when training waits for its input, for the advice of
+    the benchmark and of the workers; ``gpu_decode``: decoding on the GPU is
+    one of them (the torch engine on GPUs, decoding on the CPU now)."""
+    levers = ["decode on the GPU (train_distributed(engine='torch', decode='gpu'): "
+              "torchvision's CUDA decoder)"] if gpu_decode else []
+    return levers + [
+        "shards stored smaller (ShardConfig(max_side=320) for prepare_image_dataset, or "
+        "train_distributed(df, max_side=320)): decoding scales with pixels",
+        "more cores per device (threads_per_worker; fewer workers per node, or a node type "
+        "with more cores per GPU)"]
 
 
 class StepTimes:

@@ -232,11 +232,10 @@ def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool, progress) -
     more than ``INPUT_BOUND`` of the training steps' time, with what to do."""
     if rank != 0 or fraction <= INPUT_BOUND or progress.warned_input:
         return
+    from dist_dl.train.timing import input_levers
+
     progress.warned_input = True
-    levers = ["decode='gpu' (torchvision's CUDA decoder)"] if on_gpu and cfg.decode == "cpu" else []
-    levers += ["shards stored smaller (prepare_image_dataset(..., config=ShardConfig(max_side=320)) "
-               "or train_distributed(df, max_side=320))",
-               "more CPU cores per worker (threads_per_worker; fewer workers per host)"]
+    levers = input_levers(gpu_decode=on_gpu and cfg.decode == "cpu")
     _log(rank, f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
                f"steps' time (decode={cfg.decode!r}); the device was idle meanwhile. Levers: "
                + "; ".join(levers))

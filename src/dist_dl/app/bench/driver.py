@@ -70,6 +70,7 @@ from dist_dl.core import compat
 from dist_dl.core.deprecation import renamed_parameters
 from dist_dl.core.locations import file_url
 from dist_dl.train.config import TrainConfig
+from dist_dl.train.timing import input_levers
 
 __all__ = ["run_benchmark", "input_verdict", "cores_per_device"]
 
@@ -361,10 +362,7 @@ def cores_per_device(per_cpu_second: float, device_rate: float, *, cores: int, d
         message = f"cores per device: enough: {figures}."
     else:
         message = (f"cores per device: SHORT by {needed - have:.1f}: {figures}. Levers: "
-                   "decode on the GPU (train_distributed(engine='torch', decode='gpu')); shards "
-                   "stored smaller (ShardConfig(max_side=320), or train_distributed(df, "
-                   "max_side=320)): decoding scales with pixels; more cores per device (fewer "
-                   "workers per node, or a node type with more cores per GPU).")
+                   + "; ".join(input_levers()) + ".")
     return {"cores_needed": needed, "cores_per_device": have, "enough": needed <= have,
             "message": message}
 
