@@ -20,6 +20,12 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # The tests' own helpers (tests/support/) import by name in every tier.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
+import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above)
+
+# Every Spark driver JVM started from here or from a child process starts cheap.
+for _key, _value in jvm.driver_env().items():
+    os.environ.setdefault(_key, _value)
+
 # The tiers (pytest.ini's testpaths runs them in this order):
 #   unit/         no Spark, no training, no worker process; runs in the light
 #                 environment of `make test-unit` (no TensorFlow, no PySpark)
@@ -238,7 +244,7 @@ def standalone_cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("standalone")
     env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(base / "logs"),
-               SPARK_WORKER_DIR=str(base / "work"))
+               SPARK_WORKER_DIR=str(base / "work"), **jvm.daemon_env())
     port, ui = _free_port(), _free_port()
     procs, logs = [], []
 

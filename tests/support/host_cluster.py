@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jvm
+
 SUBNET = "10.213.0"       # /24 on a bridge of the test's own; nothing else is routed there
 SPARK_PORT = 7077
 BASE_PARENT = "/var/tmp"
@@ -275,7 +277,7 @@ class HostCluster:
                    PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                    SPARK_LOCAL_IP=self.hosts[host].address,
                    SPARK_LOCAL_HOSTNAME=self.hosts[host].address,
-                   TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+                   TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **jvm.driver_env())
         env.update(extra)
         return env
 
@@ -287,7 +289,8 @@ class HostCluster:
         proc = master.popen([spark_class, "org.apache.spark.deploy.master.Master",
                              "--host", master.address, "--port", str(SPARK_PORT),
                              "--webui-port", "8080"],
-                            env=self.env("master"), log=self.logs / "master.log")
+                            env=self.env("master", **jvm.daemon_env()),
+                            log=self.logs / "master.log")
         self._spark_procs.append((master, proc))
         self.wait_for_port(master, SPARK_PORT, 90)
         for name in ("worker1", "worker2"):
@@ -296,7 +299,8 @@ class HostCluster:
                                self.master_url, "--host", host.address,
                                "--cores", str(self.worker_cores), "--memory", self.worker_memory,
                                "--webui-port", "8081", "--work-dir", "/tmp/spark-work"],
-                              env=self.env(name, SPARK_WORKER_DIR="/tmp/spark-work"),
+                              env=self.env(name, SPARK_WORKER_DIR="/tmp/spark-work",
+                                           **jvm.daemon_env()),
                               log=self.logs / f"{name}.log")
             self._spark_procs.append((host, proc))
         deadline = time.time() + 90
