@@ -7,10 +7,14 @@ images (``--images synthetic``, ``--image-size`` square), cropped to 224,
 then, in interleaved rounds within one process, times on the same shards:
 
 - petastorm, arrow: ``make_dataset(url, rank=0, num_workers=1, ...)`` with each
-            reader (``ReaderConfig(reader=...)``), the training pipeline
-            (reader -> shuffle -> decode + random resized crop + flip ->
-            normalise -> batch -> prefetch); petastorm is left out where it
-            does not import;
+            reader (``ReaderConfig(reader=...)``), the training pipeline as
+            train_distributed's workers read (reader -> shuffle -> decode +
+            random resized crop + resize + flip to uint8 pixels -> batch ->
+            prefetch; ``normalize=False``: the model normalises); petastorm
+            is left out where it does not import;
+- normalized: the arrow (or auto) reader with ``normalize=True`` (the
+            images normalised to float32 on the CPU, make_dataset's
+            default): what ending at uint8 saves;
 - baseline: the same JPEG bytes held in memory, through the same transform
             with the same parallelism (``tf.data`` from tensors, map with
             AUTOTUNE, batch, prefetch): what the reader would reach if reading
@@ -27,7 +31,8 @@ Reports medians over rounds, the spread, CPU seconds per wall second, and
 images per CPU-second (each pipeline's rate over the CPU it used). Writes
 ``reader_ratio`` (goal 0.8), ``reader_per_core`` and ``reader_vs_decode``
 (images per CPU-second against the decode-only loop's; goal 0.8), with
-``.torch`` keys for the torch reader.
+``.torch`` keys for the torch reader and ``.normalized`` ones for the
+pipeline that normalises on the CPU.
 
     PYTHONPATH=src .venv/bin/python benchmarks/reader.py
 """
@@ -107,7 +112,8 @@ def main(argv=None):
         make_synthetic_images(url, rows=args.rows, image_size=args.image_size, classes=10,
                               rows_per_row_group=128, mode="overwrite")
     write_s = time.perf_counter() - t0
-    config = ReaderConfig(image_size=args.crop)
+    # As train_distributed's workers read: uint8 pixels, the model normalises.
+    config = ReaderConfig(image_size=args.crop, normalize=False)
 
     jpegs = []
     for f in resolve_files(url):
@@ -150,7 +156,12 @@ def main(argv=None):
                 decode_into(pillow_out, b, config, draws[i], bool(i % 2))
 
     torch_loader = _torch_reader(url, config, args.batch_size)
-    pipelines = [(name, reader(name)) for name in readers] + [("baseline", baseline)]
+    def normalised():
+        chosen = dataclasses.replace(config, reader=auto, normalize=True)
+        return iter(make_dataset(url, 0, 1, args.batch_size, training=True, config=chosen))
+
+    pipelines = ([(name, reader(name)) for name in readers] + [("baseline", baseline)]
+                 + [("normalized", normalised)])
     if torch_loader is not None:
         pipelines.append(("torch", torch_loader))
     rounds = []
@@ -164,7 +175,7 @@ def main(argv=None):
             row[name + "_per_cpu_s"] = row[name] / max(row[name + "_cpu"], 1e-9)
         for name in readers:
             row[name + "_ratio"] = row[name] / row["baseline"]
-        for name in readers + (["torch"] if torch_loader is not None else []):
+        for name in readers + ["normalized"] + (["torch"] if torch_loader is not None else []):
             row[name + "_vs_decode"] = row[name + "_per_cpu_s"] / row["eager_per_cpu_s"]
         rounds.append(row)
         print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
@@ -195,7 +206,7 @@ def main(argv=None):
             f"{name}_ratio_max": round(max(r[name + "_ratio"] for r in rounds), 3),
             f"{name}_cpu_per_s": round(med(name + "_cpu"), 2),
         })
-    for name in readers + (["torch"] if torch_loader is not None else []):
+    for name in readers + ["normalized"] + (["torch"] if torch_loader is not None else []):
         summary.update({
             f"{name}_img_s": round(med(name), 1),
             f"{name}_cpu_per_s": round(med(name + "_cpu"), 2),
@@ -220,11 +231,16 @@ def main(argv=None):
         # Per core: the pipeline's images per CPU-second, and that against the
         # decode-only loop's (issue 31's goal: 0.8), on these images.
         images = {"images": args.images, "mean_jpeg_kb": summary["mean_jpeg_kb"]}
-        for name, suffix in [(auto, "")] + ([("torch", ".torch")] if torch_loader else []):
+        variants = ([(auto, "", "uint8")] + [("normalized", ".normalized", "float32")]
+                    + ([("torch", ".torch", "uint8")] if torch_loader else []))
+        for name, suffix, pixels in variants:
+            reader_name = auto if name == "normalized" else name
             entries[f"reader_per_core{suffix}"] = result_entry(
-                [r[name + "_per_cpu_s"] for r in rounds], reader=name, **images)
+                [r[name + "_per_cpu_s"] for r in rounds], reader=reader_name, output=pixels,
+                **images)
             entries[f"reader_vs_decode{suffix}"] = result_entry(
-                [r[name + "_vs_decode"] for r in rounds], goal=0.8, reader=name,
+                [r[name + "_vs_decode"] for r in rounds], goal=0.8, reader=reader_name,
+                output=pixels,
                 decode_images_per_cpu_second=summary["eager_decode_per_cpu_s"],
                 pillow_images_per_cpu_second=summary["pillow_per_cpu_s"], **images)
         published = publish_results(args.results, entries)

@@ -20,6 +20,19 @@ def _rows(path):
     return pq.ParquetDataset(path, use_legacy_dataset=False).read().to_pylist()
 
 
+def _stored_plainly(files) -> None:
+    """Every column chunk uncompressed, the image column without a
+    dictionary (prepare.schema: JPEG bytes neither compress nor repeat)."""
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                column = meta.row_group(g).column(c)
+                assert column.compression == "UNCOMPRESSED", (f, column)
+                if column.path_in_schema == "image":
+                    assert not column.has_dictionary_page, (f, column)
+
+
 @pytest.mark.timeout(600)
 def test_imagenet_tree_with_mixed_formats_writes_every_image(spark, tmp_path, capsys):
     written = write_imagenet_tree(str(tmp_path / "train"))
@@ -45,6 +58,7 @@ def test_imagenet_tree_with_mixed_formats_writes_every_image(spark, tmp_path, ca
               for f in os.listdir(out) if f.endswith(".parquet")
               for i in range(pq.ParquetFile(out / f).metadata.num_row_groups)]
     assert sum(groups) == 12 and max(groups) <= 5
+    _stored_plainly([out / f for f in os.listdir(out) if f.endswith(".parquet")])
 
 
 @pytest.mark.timeout(600)
@@ -150,6 +164,7 @@ def test_prepare_data_command_writes_a_tree_and_its_validation_folder_as_delta(s
 
     train = rows("train")
     assert len(train) == 6 and min(min(r["height"], r["width"]) for r in train) == 16
+    _stored_plainly([f[len("file://"):] for f in resolve_files(str(tmp_path / "shards" / "train"))])
     assert len(rows("validation")) == 3
     assert load_label_index(str(tmp_path / "shards" / "validation")) == \
         load_label_index(str(tmp_path / "shards" / "train"))

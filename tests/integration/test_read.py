@@ -85,6 +85,70 @@ def test_evaluation_order_is_repeatable(tree_shards, reader):
 
 @pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
+@pytest.mark.timeout(300)
+def test_uint8_pixels_through_the_models_first_layer_are_the_normalised_images(tree_shards):
+    """normalize=False ends the CPU's work at uint8 pixels; the classifier the
+    engines build (pixel_normalization, then the network) gives on them what
+    the network gives on the normalised images of normalize=True."""
+    import tensorflow as tf
+
+    from dist_dl.train.models import build_classifier, pixel_normalization
+
+    url, _ = tree_shards
+    config = dataclasses.replace(SMALL, reader_threads=1)
+    pixels_config = dataclasses.replace(config, normalize=False)
+    normalised = _epoch(url, 0, 1, 4, "arrow", config=config, training=False)
+    pixels = _epoch(url, 0, 1, 4, "arrow", config=pixels_config, training=False)
+    assert len(pixels) == len(normalised) > 0
+    tf.keras.utils.set_random_seed(0)
+    model = build_classifier("small_cnn", pixels_config, 3)
+    net = model.get_layer("small_cnn")
+    for (images, ids, _, _), (floats, same_ids, _, _) in zip(pixels, normalised):
+        assert images.dtype == np.uint8 and floats.dtype == np.float32
+        assert ids.tolist() == same_ids.tolist()
+        np.testing.assert_allclose(pixel_normalization(pixels_config)(images).numpy(), floats,
+                                   atol=1e-5)
+        np.testing.assert_allclose(model(images, training=False).numpy(),
+                                   net(floats, training=False).numpy(), atol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_input_waits_are_the_consumers_waits_for_each_batch(tree_shards):
+    """The pipeline's timed end records one wait per batch taken, in the
+    thread that takes it: about the producer's time per batch when the
+    consumer is fast and the producer slow, about nothing when the batches
+    are ready in the prefetch buffer before they are asked for."""
+    import statistics
+    import time
+
+    import tensorflow as tf
+
+    from dist_dl.read.dataset import InputWaits, _timed
+
+    def slow(x):
+        time.sleep(0.1)
+        return x
+
+    waits = InputWaits()
+    producer = tf.data.Dataset.range(4).map(lambda x: tf.py_function(slow, [x], tf.int64))
+    assert [int(x) for x in _timed(tf, producer, waits)] == [0, 1, 2, 3]
+    assert len(waits.waited) == 4 and min(waits.waited) >= 0.09, waits.waited
+
+    url, _ = tree_shards
+    waits = InputWaits()
+    taken = 0
+    for _ in make_dataset(url, 0, 1, 4, training=False, num_epochs=1, waits=waits,
+                          config=dataclasses.replace(SMALL, reader="arrow")):
+        taken += 1
+        time.sleep(0.2)  # the 16-pixel batches are ready long before
+    assert taken > 2 and len(waits.waited) == taken
+    # The first batch waits for the reader to start; the others were ready
+    # (the median: one batch's wait may take a scheduling delay on 2 cores).
+    assert statistics.median(waits.waited[1:]) < 0.02, waits.waited
+
+
+@pytest.mark.profile_subset
+@pytest.mark.profile_subset_164
 @pytest.mark.needs("petastorm")
 @pytest.mark.timeout(600)
 def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):

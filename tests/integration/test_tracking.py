@@ -113,13 +113,20 @@ def test_preprocessing_decodes_resizes_and_normalises():
 
 def test_preprocessing_matches_the_readers_eval_transform():
     """Serving must see the pixels validation saw: same crop window, same
-    decoder and resize as dist_dl.read's eval transform."""
+    decoder, resize and rounding to whole pixel values as dist_dl.read's
+    eval transform, normalised (the reader's default) or left as pixels for
+    the model's first layer (normalize=False, what the engines train on)."""
     augment = pytest.importorskip("dist_dl.read.augment")
+    import dataclasses
+
     import tensorflow as tf
     from PIL import Image
 
     config = augment.ReaderConfig(image_size=24, eval_crop_fraction=0.875)
-    spec = ImagePreprocessing(24, mean=config.mean, std=config.std, crop_fraction=0.875)
+    spec = ImagePreprocessing(24, mean=config.mean, std=config.std, crop_fraction=0.875,
+                              integer_pixels=True)
+    pixels_config = dataclasses.replace(config, normalize=False)
+    pixels_spec = ImagePreprocessing(24, rescale=1.0, crop_fraction=0.875, integer_pixels=True)
     rng = np.random.default_rng(1)
     for height, width in ((40, 56), (57, 33), (24, 24)):
         smooth = rng.integers(0, 255, (height // 4 + 1, width // 4 + 1, 3)).astype("uint8")
@@ -129,6 +136,10 @@ def test_preprocessing_matches_the_readers_eval_transform():
         expected = augment.eval_transform(tf.constant(buffer.getvalue()), config).numpy()
         (actual,) = decode_images([buffer.getvalue()], spec)
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
+        pixels = augment.eval_transform(tf.constant(buffer.getvalue()), pixels_config).numpy()
+        assert pixels.dtype == np.uint8
+        (served,) = decode_images([buffer.getvalue()], pixels_spec)
+        np.testing.assert_array_equal(served, pixels.astype("float32"))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -378,7 +389,7 @@ def fit(callbacks):
     raise RuntimeError("a peer left the allreduce")
 
 try:
-    _fit_and_log(spec, None, None, [], 0, 0, None, False, fit=fit)
+    _fit_and_log(spec, None, None, [], 0, 0, fit=fit)
 except RuntimeError as exc:
     failed = str(exc)
 print(json.dumps({"meta": meta, "before": before, "failed": failed,

@@ -131,6 +131,25 @@ def test_keras3_workers_agree_to_skip_a_step_whose_gradients_overflow_on_one(eng
     assert rows == [[1.0, 1.0, 1.0, 2.0 ** 14]] * 2
 
 
+@pytest.mark.timeout(300)
+def test_a_model_faster_than_its_input_is_told_so_once_with_the_levers(tmp_path, store, capsys):
+    """A model whose step costs next to nothing on 224-pixel crops of
+    512-pixel JPEGs: its worker waits for every batch, the epochs log that
+    share, and the driver hears it once (not once per epoch), with what to do."""
+    path = str(tmp_path / "shards")
+    make_synthetic_images(path, rows=192, image_size=512, classes=3, rows_per_row_group=32)
+    trained = train_distributed(path, model=train_hooks.pooled_linear, image_size=224,
+                                num_workers=1, backend="local", engine="tensorflow", epochs=3,
+                                batch_size=32, validation_fraction=0.0, tracking_uri=store,
+                                output_dir=str(tmp_path / "out"))
+    out = capsys.readouterr().out
+    fractions = trained.history["train_input_wait_fraction"]
+    print("input wait fractions by epoch:", [round(f, 2) for f in fractions])
+    assert len(fractions) == 3 and max(fractions) > 0.2, fractions
+    assert out.count("input-bound: rank 0 waited for its next batch") == 1, out
+    assert "shards stored smaller" in out and "more cores per device" in out
+
+
 @pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.slow
@@ -160,6 +179,7 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
 
     history = trained.history
     assert len(history["loss"]) == 6 and len(history["val_accuracy"]) == 6
+    assert all(0 <= f < 1 for f in history["train_input_wait_fraction"])
     assert history["loss"][-1] < history["loss"][0]
     print("validation accuracy by epoch:", [round(a, 3) for a in history["val_accuracy"]])
     assert trained.metrics["val_accuracy"] >= 0.9

@@ -86,6 +86,18 @@ def plain_cnn(input_shape, classes):
     ], name="plain_cnn")
 
 
+def pooled_linear(input_shape, classes):
+    """Average pooling and one linear layer: a step costs next to nothing, so
+    its workers wait for their input (the input-bound warning)."""
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        tf.keras.layers.GlobalAveragePooling2D(),
+        tf.keras.layers.Dense(classes),
+    ], name="pooled_linear")
+
+
 def wide_mlp(input_shape, classes):
     """4.4 M parameters (17.6 MB of float32 gradients): a large model for
     the cycle-time default, cheap to build and step at 16 x 16 pixels."""

@@ -83,6 +83,11 @@ def test_synthetic_shards_have_the_documented_schema(tmp_path):
     assert summary["rows_written"] == 7
     files = sorted(p for p in os.listdir(tmp_path / "syn") if p.endswith(".parquet"))
     assert [pq.ParquetFile(tmp_path / "syn" / f).metadata.num_row_groups for f in files] == [1] * 3
+    # Stored as prepare.schema says: uncompressed, no dictionary for the images.
+    chunks = {c.path_in_schema: c for c in (pq.ParquetFile(tmp_path / "syn" / files[0]).metadata
+                                          .row_group(0).column(i) for i in range(len(COLUMNS)))}
+    assert {c.compression for c in chunks.values()} == {"UNCOMPRESSED"}
+    assert not chunks["image"].has_dictionary_page and chunks["label"].has_dictionary_page
     rows = _rows(str(tmp_path / "syn"))
     assert list(rows[0]) == list(COLUMNS)
     assert rows[0]["image"][:2] == b"\xff\xd8" and rows[0]["height"] == 24

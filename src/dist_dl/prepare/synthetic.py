@@ -10,7 +10,7 @@ from dist_dl.core.locations import local_path
 from dist_dl.prepare._output import check_destination, clear_parquet_output, commit_delta, \
     is_delta_table, write_json
 from dist_dl.prepare.labels import save_label_index
-from dist_dl.prepare.schema import SUMMARY_FILE, arrow_schema
+from dist_dl.prepare.schema import PARQUET_OPTIONS, SUMMARY_FILE, arrow_schema
 
 __all__ = ["make_synthetic_images", "write_image_shards"]
 
@@ -123,7 +123,7 @@ def write_image_shards(output: str, images, labels: list[int], classes: int, *,
         ], schema=schema)
         name = f"part-{len(files):05d}-{tag}.parquet"
         pq.write_table(table, os.path.join(path, name), row_group_size=len(data),
-                       compression="snappy")
+                       **PARQUET_OPTIONS)
         files.append(name)
         written += len(data)
     version = None

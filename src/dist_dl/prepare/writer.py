@@ -22,7 +22,7 @@ from dist_dl.prepare._output import (check_destination, clear_parquet_output, co
                                      is_delta_table, spark_has_delta, write_json)
 from dist_dl.prepare.config import ShardConfig
 from dist_dl.prepare.labels import build_label_index, load_label_index, save_label_index
-from dist_dl.prepare.schema import LABELS_FILE, SUMMARY_FILE
+from dist_dl.prepare.schema import LABELS_FILE, SPARK_PARQUET_OPTIONS, SUMMARY_FILE
 
 __all__ = ["PrepareSummary", "prepare_image_dataset", "read_summary"]
 
@@ -493,7 +493,7 @@ def _write(spark, good, output, out_path, fmt, mode, config) -> int | None:
         # and the block size is set above any such file, so Petastorm's unit
         # of sharding (the row group) has a known row count.
         return (frame.write.option("maxRecordsPerFile", rows)
-                .option("parquet.block.size", str(1 << 30)).option("compression", "snappy"))
+                .option("parquet.block.size", str(1 << 30)).options(**SPARK_PARQUET_OPTIONS))
 
     output = spark_path(output)
     if fmt == "parquet":

@@ -1,7 +1,11 @@
-"""JPEG bytes to normalised image tensors: ImageNet train and eval transforms.
+"""JPEG bytes to image tensors: ImageNet train and eval transforms.
 
 Both transforms decode only the pixels they keep (``decode_and_crop_jpeg``),
-which is the main saving over decode-then-crop at ImageNet sizes.
+which is the main saving over decode-then-crop at ImageNet sizes, and round
+the resized image to uint8 pixels. With ``ReaderConfig(normalize=False)`` the
+CPU's work ends there and the model normalises as its first layer, on its
+device (what ``train_distributed`` does); by default the images are
+normalised here, as float32.
 """
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from dataclasses import dataclass
 
 from dist_dl.core.settings import checked, setting
 
-__all__ = ["ReaderConfig", "train_transform", "eval_transform", "eval_window", "READERS",
+__all__ = ["ReaderConfig", "train_transform", "eval_transform", "eval_window", "normalization",
+           "READERS",
            "CROP_ATTEMPTS", "MIN_OBJECT_COVERED"]
 
 READERS = ("auto", "petastorm", "arrow")
@@ -57,6 +62,14 @@ class ReaderConfig:
             ``"auto"`` (default: Petastorm where it imports, else arrow). Both
             give each rank the same rows and steps (see
             :func:`~dist_dl.read.make_dataset`).
+        normalize: True (default): images come out float32, normalised with
+            ``mean`` and ``std``. False: uint8 pixels (0-255, the resized
+            image rounded), for a model that normalises as its first layer
+            (``dist_dl.train.models.pixel_normalization``): a quarter of the
+            bytes through batching, prefetching and the copy to the device,
+            and no float arithmetic left on the CPU. ``train_distributed``'s
+            engines read so. (The torch loader always ends at uint8: its
+            models normalise with ``dist_dl.read.torchdata.Normalize``.)
     """
 
     image_size: int = setting(224, low=8)
@@ -73,19 +86,41 @@ class ReaderConfig:
     shuffle_buffer: int = setting(1024, low=1)
     reader_threads: int = setting(2, low=1)
     reader: str = setting("auto", choices=READERS)
+    normalize: bool = setting(True)
 
 
-def _normalise(image, config: ReaderConfig):
+def _pixels(image):
+    """The resized float image (values within 0-255: bilinear interpolation
+    of uint8 pixels) rounded to uint8."""
     import tensorflow as tf
 
-    image = tf.cast(image, tf.float32)
-    mean = tf.constant([m * 255.0 for m in config.mean], tf.float32)
-    std = tf.constant([s * 255.0 for s in config.std], tf.float32)
-    return (image - mean) / std
+    return tf.cast(image + 0.5, tf.uint8)
+
+
+def _finish(image, config: ReaderConfig):
+    """uint8 pixels as the model takes them: unchanged (``normalize=False``)
+    or normalised float32, ``pixel * scale + offset`` per channel."""
+    import tensorflow as tf
+
+    if not config.normalize:
+        return image
+    scale, offset = normalization(config)
+    return tf.cast(image, tf.float32) * tf.constant(scale, tf.float32) + tf.constant(offset,
+                                                                                     tf.float32)
+
+
+def normalization(config: ReaderConfig) -> tuple[list[float], list[float]]:
+    """``(scale, offset)`` per channel such that ``pixel * scale + offset``
+    is ``(pixel / 255 - mean) / std``: the reader's normalisation, or the
+    model's first layer when the reader ends at uint8."""
+    scale = [1.0 / (255.0 * s) for s in config.std]
+    offset = [-m / s for m, s in zip(config.mean, config.std)]
+    return scale, offset
 
 
 def train_transform(jpeg, config: ReaderConfig):
-    """Random resized crop (Inception style), flip, resize, normalise."""
+    """Random resized crop (Inception style), resize, flip, normalise (see
+    ``ReaderConfig.normalize``)."""
     import tensorflow as tf
 
     shape = tf.io.extract_jpeg_shape(jpeg)
@@ -96,10 +131,11 @@ def train_transform(jpeg, config: ReaderConfig):
         max_attempts=CROP_ATTEMPTS, use_image_if_no_bounding_boxes=True)
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
     image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
-    image = tf.image.resize(image, [config.image_size, config.image_size], method="bilinear")
+    image = _pixels(tf.image.resize(image, [config.image_size, config.image_size],
+                                    method="bilinear"))
     if config.flip:
         image = tf.image.random_flip_left_right(image)
-    return _normalise(image, config)
+    return _finish(image, config)
 
 
 def eval_transform(jpeg, config: ReaderConfig):
@@ -113,8 +149,9 @@ def eval_transform(jpeg, config: ReaderConfig):
     shape = tf.io.extract_jpeg_shape(jpeg)
     window = tf.stack(eval_window(shape[0], shape[1], config))
     image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
-    image = tf.image.resize(image, [config.image_size, config.image_size], method="bilinear")
-    return _normalise(image, config)
+    image = _pixels(tf.image.resize(image, [config.image_size, config.image_size],
+                                    method="bilinear"))
+    return _finish(image, config)
 
 
 def eval_window(height, width, config: ReaderConfig):

@@ -4,12 +4,48 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import time
 
 from dist_dl.core.deprecation import renamed_parameters
 from dist_dl.read.augment import ReaderConfig, eval_transform, train_transform
 from dist_dl.read.rows import choose_reader, epoch_rows, rank_passes, rank_plan
 
-__all__ = ["make_dataset"]
+__all__ = ["make_dataset", "InputWaits"]
+
+
+class InputWaits:
+    """How long the consumer of a dataset waited for each batch.
+
+    ``make_dataset(..., waits=InputWaits())`` ends the pipeline with two
+    steps that run in the thread asking for the next batch: one before the
+    batch is taken from the prefetch buffer, one after. A batch that was
+    ready costs no wait; a training loop faster than its input waits for
+    every batch.
+    """
+
+    def __init__(self):
+        self._asked = 0.0
+        self.got_at: list[float] = []
+        self.waited: list[float] = []
+
+    def ask(self) -> int:
+        self._asked = time.perf_counter()
+        return 0
+
+    def got(self) -> int:
+        now = time.perf_counter()
+        self.got_at.append(now)
+        self.waited.append(now - self._asked)
+        return 0
+
+    def clear(self) -> None:
+        self.got_at.clear()
+        self.waited.clear()
+
+    def between(self, start: float, end: float) -> float:
+        """Seconds waited for the batches taken after ``start``, up to ``end``
+        (``time.perf_counter()`` values)."""
+        return sum(w for at, w in zip(self.got_at, self.waited) if start < at <= end)
 
 
 @renamed_parameters({"size": "num_workers"})
@@ -18,7 +54,8 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
                  num_epochs: int | None = None, version: int | None = None,
                  seed: int | None = None, cache_dir: str | None = None,
                  with_weights: bool = False, include_source_id: bool = False,
-                 shuffle: bool | None = None, initial_epoch: int = 0):
+                 shuffle: bool | None = None, initial_epoch: int = 0,
+                 waits: InputWaits | None = None):
     """Batches of shard ``rank`` of ``num_workers``, decoded and augmented.
 
     Each rank reads whole row groups, row group ``i`` (numbered as
@@ -34,7 +71,8 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
     synchronous training never waits on a rank that ran out of data.
 
     Pipeline: the reader's rows (row groups shuffled in training) -> shuffle
-    buffer (training) -> decode + transform in parallel
+    buffer (training) -> decode + transform (to uint8 pixels, normalised
+    unless ``config.normalize`` is False) in parallel
     (``num_parallel_calls=AUTOTUNE``) -> batch -> prefetch.
 
     Args:
@@ -76,6 +114,8 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
             ``shuffle=False`` rows come in the same order every time (the
             plan's row-group order) with the arrow reader, and with
             Petastorm when ``config.reader_threads=1``.
+        waits: An :class:`InputWaits` that records how long the consumer
+            waits for each batch (the training workers' input-bound check).
 
     Raises:
         ImportError: ``config.reader="petastorm"`` where Petastorm does not
@@ -84,8 +124,10 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` or, with
         ``with_weights``, ``(images, labels, weights)`` (a tuple Keras takes
-        as sample weights): images float32 ``[batch, image_size, image_size, 3]``,
-        labels int32 ``[batch]``, weights float32 ``[batch]``.
+        as sample weights): images ``[batch, image_size, image_size, 3]``,
+        float32 and normalised, or uint8 pixels with
+        ``ReaderConfig(normalize=False)``; labels int32 ``[batch]``, weights
+        float32 ``[batch]``.
     """
     import tensorflow as tf
 
@@ -129,4 +171,20 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
     # Every epoch holds exactly steps_per_epoch * batch_size rows, so no
     # partial batch exists; drop_remainder also gives a static batch shape.
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    if waits is not None:
+        ds = _timed(tf, ds, waits)
     return ds
+
+
+def _timed(tf, ds, waits: InputWaits):
+    """``ds`` with ``waits.ask()`` before and ``waits.got()`` after each
+    batch leaves it. Zip asks its inputs in order and neither map is
+    parallel, so both calls run in the thread that asks for the batch."""
+    asks = tf.data.Dataset.from_tensors(0).repeat().map(
+        lambda _: tf.py_function(waits.ask, [], tf.int64))
+
+    def got(_, batch):
+        with tf.control_dependencies([tf.py_function(waits.got, [], tf.int64)]):
+            return tf.nest.map_structure(tf.identity, batch)
+
+    return tf.data.Dataset.zip((asks, ds)).map(got)

@@ -22,8 +22,9 @@ class ImagePreprocessing:
 
     Each pixel becomes ``(value * rescale - mean[c]) / std[c]`` for channel
     ``c``, after the image is converted to ``channels`` channels (RGB or
-    grayscale), optionally cropped to its central square, and resized to
-    ``image_size`` with bilinear interpolation (``tf.image.resize``).
+    grayscale), optionally cropped to its central square, resized to
+    ``image_size`` with bilinear interpolation (``tf.image.resize``) and,
+    with ``integer_pixels``, rounded to whole values.
 
     Attributes:
         image_size: ``(height, width)`` the model takes; an int means square.
@@ -36,6 +37,9 @@ class ImagePreprocessing:
             this fraction of the image's short side before resizing, as the
             reader's evaluation transform does (``ReaderConfig.eval_crop_fraction``,
             0.875 for ImageNet). Default None: resize the whole image.
+        integer_pixels: Round the resized image to whole values 0-255, as the
+            training reader does (its images end at uint8 pixels), for a
+            model trained on them. Default False.
     """
 
     image_size: tuple[int, int] | int
@@ -44,6 +48,7 @@ class ImagePreprocessing:
     std: tuple[float, ...] | float = 1.0
     rescale: float = 1.0 / 255.0
     crop_fraction: float | None = None
+    integer_pixels: bool = False
 
     def __post_init__(self):
         size = self.image_size
@@ -66,6 +71,8 @@ class ImagePreprocessing:
             raise ValueError(f"std must not contain 0, got {self.std!r}")
         if not isinstance(self.rescale, (int, float)) or self.rescale <= 0:
             raise ValueError(f"rescale must be a positive number, got {self.rescale!r}")
+        if not isinstance(self.integer_pixels, bool):
+            raise ValueError(f"integer_pixels must be True or False, got {self.integer_pixels!r}")
         if self.crop_fraction is not None and (
                 not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1):
             raise ValueError(f"crop_fraction must be None or in (0, 1], got {self.crop_fraction!r}")
@@ -79,7 +86,7 @@ class ImagePreprocessing:
         """Plain values (for MLflow params and JSON)."""
         return {"image_size": list(self.image_size), "channels": self.channels,
                 "mean": list(self.mean), "std": list(self.std), "rescale": self.rescale,
-                "crop_fraction": self.crop_fraction}
+                "crop_fraction": self.crop_fraction, "integer_pixels": self.integer_pixels}
 
 
 def decode_images(images: Iterable[bytes], spec: ImagePreprocessing):
@@ -108,6 +115,10 @@ def decode_images(images: Iterable[bytes], spec: ImagePreprocessing):
         batch = _graph_decoder(spec)(np.asarray([bytes(d) for d in images], dtype=object)).numpy()
     except (tf.errors.OpError, ValueError):  # an image cannot be decoded: which, below
         batch = _decode_one_by_one(images, spec)
+    if spec.integer_pixels:
+        # The reader's rounding (dist_dl.read.augment): values are >= 0, so
+        # floor(x + 0.5) is its truncating cast of x + 0.5 to uint8.
+        batch = np.floor(batch + np.float32(0.5))
     return ((batch * np.float32(spec.rescale) - mean) / std).astype("float32")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from dist_dl.core.settings import checked, setting
 from dist_dl.prepare.images import MIN_SIDE
-from dist_dl.read.augment import READERS
+from dist_dl.read.augment import READERS, ReaderConfig
 
 __all__ = ["TrainConfig", "BACKENDS", "ENGINES", "DECODES"]
 
@@ -209,6 +209,16 @@ class TrainConfig:
     output_dir: str = setting("runs", nonempty=True)
     checkpoint_dir: str | None = setting(None)
     keep_checkpoints: int = setting(3, low=1)
+
+    def reader_config(self) -> ReaderConfig:
+        """The reader settings every engine's workers read with: images end
+        at uint8 pixels (``normalize=False``) and the model normalises them
+        as its first layer."""
+        return ReaderConfig(image_size=self.image_size, eval_crop_fraction=self.eval_crop_fraction,
+                            area_range=(self.min_crop_area, 1.0), flip=self.flip,
+                            shuffle_buffer=self.shuffle_buffer,
+                            reader_threads=1 if self.deterministic else self.reader_threads,
+                            reader=self.reader, normalize=False)
 
     def horovod_env(self) -> dict[str, str]:
         """The Horovod settings of this configuration, as worker environment."""

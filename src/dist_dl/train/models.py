@@ -3,14 +3,16 @@
 A builder takes ``(input_shape, classes)`` and returns an uncompiled Keras
 model with logits as output (no softmax), so the loss, mixed precision and
 the probability layer are applied in one place by the training loop and the
-logged model.
+logged model. :func:`build_classifier` puts the pixel normalisation in front
+of it: the readers hand the workers uint8 pixels.
 """
 from __future__ import annotations
 
 from typing import Callable
 from dist_dl.core import compat
 
-__all__ = ["build_model", "register_model", "MODEL_NAMES"]
+__all__ = ["build_model", "build_classifier", "pixel_normalization", "register_model",
+           "MODEL_NAMES"]
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -90,3 +92,45 @@ def build_model(model: str | Callable, input_shape: tuple[int, int, int], classe
         raise ValueError(f"the model's output has {units} units but the data has {classes} classes; "
                          "the builder must end in Dense(classes) without softmax")
     return built
+
+
+def pixel_normalization(reader):
+    """A Keras layer taking pixels (uint8, or float holding 0-255 values) to
+    the normalised image that ``reader`` (a
+    :class:`~dist_dl.read.ReaderConfig`) makes with ``normalize=True``: the
+    first layer of a model fed by a reader that ends at uint8. Computed in
+    float32 whatever the precision policy; the network after it casts."""
+    from dist_dl.read.augment import normalization
+
+    keras = compat.keras()
+    scale, offset = normalization(reader)
+    return keras.layers.Rescaling(scale, offset, dtype="float32", name="normalize")
+
+
+def build_classifier(model: str | Callable, reader, classes: int, *, mixed: bool = False):
+    """The Keras model the TensorFlow engines train and log: pixels in,
+    :func:`pixel_normalization`, the network (:func:`build_model`), logits out.
+
+    Its input is float32 holding pixel values 0-255; the reader's uint8
+    batches are cast to it inside the training step (on the device), and a
+    served image's whole pixel values go in as they are
+    (``dist_dl.tracking.ImagePreprocessing(integer_pixels=True)``).
+
+    Args:
+        model: A registry name or a builder ``(input_shape, classes) -> keras.Model``
+            (the builder's model takes normalised float images).
+        reader: The :class:`~dist_dl.read.ReaderConfig` the data is read
+            with: its image size and normalisation.
+        classes: Number of classes.
+        mixed: Mixed precision: the logits are cast to float32 (a float16
+            softmax cross-entropy loses precision).
+    """
+    keras = compat.keras()
+
+    side = reader.image_size
+    net = build_model(model, (side, side, 3), classes)
+    pixels = keras.Input((side, side, 3), name="pixels")
+    logits = net(pixel_normalization(reader)(pixels))
+    if mixed:
+        logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(logits)
+    return keras.Model(pixels, logits, name=net.name)

@@ -34,13 +34,14 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
         ``{"history": {metric: [per epoch]}, "val_accuracy": last or None,
         "images_per_second": training throughput (steps only, epochs after
         the first), 
-        "model": the Keras model}``.
+        "model": the Keras model, uint8 pixels in (its first layer
+        normalises them; see ``dist_dl.train.models.build_classifier``)}``.
     """
     import tensorflow as tf
     keras = compat.keras()
 
-    from dist_dl.read import ReaderConfig, make_dataset, plan_shards
-    from dist_dl.train.models import build_model
+    from dist_dl.read import make_dataset, plan_shards
+    from dist_dl.train.models import build_classifier
     from dist_dl.train.schedule import WarmupScaledSchedule
     from dist_dl.train.timing import step_timer
 
@@ -51,17 +52,12 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
     classes = cfg.classes or _classes_of(data)
     plan = plan_shards(data, 1, cfg.batch_size, classes=classes)
     steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
-    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
-                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
-                          shuffle_buffer=cfg.shuffle_buffer,
-                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
-                          reader=cfg.reader)
+    reader = cfg.reader_config()
     train_data = make_dataset(list(plan.files), 0, 1, cfg.batch_size, training=cfg.augment,
                               shuffle=cfg.shuffle, config=reader,
                               steps_per_epoch=plan.steps_per_epoch, seed=cfg.seed,
                               cache_dir=cfg.cache_dir, with_weights=True)
-    keras_model = build_model(model if model is not None else cfg.model,
-                              (cfg.image_size, cfg.image_size, 3), classes)
+    keras_model = build_classifier(model if model is not None else cfg.model, reader, classes)
     schedule = WarmupScaledSchedule(
         cfg.learning_rate, 1, steps, min(cfg.warmup_epochs, cfg.epochs),
         total_epochs=cfg.epochs if cfg.lr_schedule == "cosine" else None)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import time
 from dist_dl.core import compat
 
-__all__ = ["StepTimes", "step_timer", "input_levers"]
+__all__ = ["StepTimes", "step_timer", "input_levers", "input_bound_message", "INPUT_BOUND"]
+
+# Share of the training steps' time spent waiting for the next batch above
+# which a worker is input-bound.
+INPUT_BOUND = 0.2
 
 
 def input_levers(*, gpu_decode: bool = True) -> list[str]:
@@ -26,6 +30,17 @@ def input_levers(*, gpu_decode: bool = True) -> list[str]:
         "train_distributed(df, max_side=320)): decoding scales with pixels",
         "more cores per device (threads_per_worker; fewer workers per node, or a node type "
         "with more cores per GPU)"]
+
+
+def input_bound_message(fraction: float, *, gpu_decode: bool, decode: str | None = None) -> str:
+    """What a worker says when it waited for its input for ``fraction`` of
+    the training steps' time (above :data:`INPUT_BOUND`), with the levers
+    (``gpu_decode``: as for :func:`input_levers`; ``decode``: the torch
+    engine's setting, named in the message)."""
+    setting = f" (decode={decode!r})" if decode is not None else ""
+    return (f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
+            f"steps' time{setting}; the device was idle meanwhile. Levers: "
+            + "; ".join(input_levers(gpu_decode=gpu_decode)))
 
 
 class StepTimes:
@@ -70,7 +85,8 @@ class StepTimes:
         return {"wall": list(self.wall), "cpu": list(self.cpu)}
 
 
-def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
+def step_timer(images_per_step: int, logs_prefix: str | None = "train_", *, waits=None,
+               warn=None):
     """A Keras callback that times every epoch's training steps.
 
     At each epoch's end it appends the epoch's :meth:`StepTimes.rate` and
@@ -78,6 +94,12 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
     ``logs_prefix`` is None) puts them in the epoch's logs as
     ``<prefix>images_per_second`` and ``<prefix>cpu_per_second``. ``.times``
     holds the current epoch's step ends.
+
+    With ``waits`` (the :class:`~dist_dl.read.dataset.InputWaits` of the
+    training data) it also logs ``<prefix>input_wait_fraction``, the share of
+    the same steps' time spent waiting for the next batch, and the first
+    epoch where that is above :data:`INPUT_BOUND` calls ``warn`` (if given)
+    with it.
     """
     keras = compat.keras()
 
@@ -87,9 +109,12 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
             self.times = StepTimes()
             self.rates: list[float | None] = []
             self.cpu: list[float | None] = []
+            self.warned = False
 
         def on_epoch_begin(self, epoch, logs=None):
             self.times.clear()
+            if waits is not None:
+                waits.clear()
 
         def on_train_batch_end(self, batch, logs=None):
             self.times.record()
@@ -103,5 +128,13 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_"):
                     logs[f"{logs_prefix}images_per_second"] = rate
                 if cpu is not None:
                     logs[f"{logs_prefix}cpu_per_second"] = cpu
+            if waits is not None and rate is not None:
+                wall = self.times.wall
+                fraction = waits.between(wall[0], wall[-1]) / (wall[-1] - wall[0])
+                if logs is not None and logs_prefix is not None:
+                    logs[f"{logs_prefix}input_wait_fraction"] = fraction
+                if warn is not None and fraction > INPUT_BOUND and not self.warned:
+                    self.warned = True
+                    warn(fraction)
 
     return StepTimer()

@@ -92,6 +92,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
     keras = compat.keras()
 
+    from dist_dl.read.dataset import InputWaits
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
     from dist_dl.train.timing import step_timer
@@ -122,7 +123,7 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         _check_ranks((rank, local_rank), (hvd.rank(), hvd.local_rank()))
     size = hvd.size()
 
-    reader = _reader_config(cfg)
+    reader = cfg.reader_config()
     schedule = _schedule(cfg, size, spec.train_steps)
     optimizer = hvd.DistributedOptimizer(
         keras.optimizers.SGD(schedule, momentum=cfg.momentum),
@@ -144,7 +145,8 @@ def train_worker(spec: WorkerSpec) -> dict | None:
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
                f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
                f"{'mixed' if mixed else 'float32'} precision)")
-    train_data = _train_data(spec, reader, rank, size, initial_epoch)
+    waits = InputWaits()
+    train_data = _train_data(spec, reader, rank, size, initial_epoch, waits)
 
     # Order matters: every rank runs the collective callbacks in the same
     # order (an allreduce each), before the rank-0-only ones read the logs.
@@ -154,33 +156,26 @@ def train_worker(spec: WorkerSpec) -> dict | None:
         callbacks.append(_validation_callback(
             tf, val_data, spec.val_steps,
             combine=lambda totals: hvd.allreduce(totals, op=hvd.Sum, name="dist_dl.validation")))
-    callbacks += [_learning_rate_callback(tf, schedule), step_timer(cfg.batch_size * size)]
+    callbacks += [_learning_rate_callback(tf, schedule),
+                  step_timer(cfg.batch_size * size, waits=waits, warn=_input_bound_warner(rank))]
     if rank == 0:
         callbacks += [CheckpointCallback(manager, metadata={"run_id": spec.run_id}),
                       *_rank0_callbacks(spec, size)]
-    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed)
+    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, mixed=mixed)
 
 
-def _reader_config(cfg: TrainConfig):
-    from dist_dl.read import ReaderConfig
-
-    return ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
-                        area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
-                        shuffle_buffer=cfg.shuffle_buffer,
-                        reader_threads=1 if cfg.deterministic else cfg.reader_threads,
-                        reader=cfg.reader)
-
-
-def _train_data(spec: WorkerSpec, reader, rank: int, size: int, initial_epoch: int):
+def _train_data(spec: WorkerSpec, reader, rank: int, size: int, initial_epoch: int, waits=None):
     """This rank's training batches: ``batch_size`` rows, ``reader_steps`` per
-    pass, the orders continuing after ``initial_epoch`` epochs."""
+    pass, the orders continuing after ``initial_epoch`` epochs; ``waits``
+    (an ``InputWaits``) times the waits for them."""
     from dist_dl.read import make_dataset
 
     cfg = spec.config
     return make_dataset(list(spec.train_files), rank, size, cfg.batch_size,
                         training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                         steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
-                        cache_dir=cfg.cache_dir, with_weights=True, initial_epoch=initial_epoch)
+                        cache_dir=cfg.cache_dir, with_weights=True, initial_epoch=initial_epoch,
+                        waits=waits)
 
 
 def _val_data(spec: WorkerSpec, reader, rank: int, size: int):
@@ -217,10 +212,11 @@ def _rank0_callbacks(spec: WorkerSpec, size: int) -> list:
 
 
 def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int,
-                 initial_epoch: int, reader, mixed: bool, weights_everywhere: bool = False,
+                 initial_epoch: int, *, mixed: bool = False, weights_everywhere: bool = False,
                  fit: Callable[[list], None] | None = None):
     """``fit`` from ``initial_epoch`` (the user's callbacks last), then rank 0
     logs the model into the run the driver created (and will close).
+    ``mixed``: trained in mixed precision (a float32 model is logged).
     ``weights_everywhere``: every worker reads the final weights (tf.distribute).
     ``fit(callbacks)``: a training loop of one's own instead of ``model.fit``."""
     cfg = spec.config
@@ -235,7 +231,7 @@ def _fit_and_log(spec: WorkerSpec, model, train_data, callbacks: list, rank: int
         weights = model.get_weights() if weights_everywhere else None
         if rank != 0:
             return None
-        logged = _log_final_model(spec, model, reader, mixed, weights=weights)
+        logged = _log_final_model(spec, model, mixed, weights=weights)
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
 
 
@@ -307,18 +303,21 @@ def _pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
 
 
 def _build(spec: WorkerSpec, mixed: bool):
-    keras = compat.keras()
+    """The model of ``spec``: pixels in, normalised by its first layer, logits out."""
+    from dist_dl.train.models import build_classifier
 
-    from dist_dl.train.models import build_model
+    return build_classifier(spec.model, spec.config.reader_config(), spec.classes, mixed=mixed)
 
-    model = build_model(spec.model, (spec.config.image_size, spec.config.image_size, 3),
-                        spec.classes)
-    if mixed:
-        # Logits in float32: a float16 softmax cross-entropy loses precision.
-        logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(
-            model.outputs[0])
-        model = keras.Model(model.inputs, logits, name=model.name)
-    return model
+
+def _input_bound_warner(rank: int):
+    """What the step timer calls, once, when this worker waited for its input
+    for too much of an epoch's steps: rank 0 tells the driver, with the
+    levers (decoding on the GPU among them where this worker has one)."""
+    def warn(fraction: float) -> None:
+        from dist_dl.train.timing import input_bound_message
+
+        _log(rank, input_bound_message(fraction, gpu_decode=bool(device.visible_gpus())))
+    return warn
 
 
 def _log(rank: int, message: str) -> None:
@@ -416,7 +415,7 @@ def _progress_callback(tf, epochs: int, steps: int, global_batch: int, every: fl
     return Progress()
 
 
-def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool, weights=None) -> dict:
+def _log_final_model(spec: WorkerSpec, model, mixed: bool, weights=None) -> dict:
     """Rank 0, inside the run: the trained model (float32, for serving
     anywhere) and the TensorBoard logs. With ``weights`` (read from ``model``
     by every worker, as tf.distribute needs), a model built outside any
@@ -425,15 +424,17 @@ def _log_final_model(spec: WorkerSpec, model, reader, mixed: bool, weights=None)
 
     from dist_dl.tracking import ImagePreprocessing, log_keras_classifier, log_tensorboard
 
+    serving = model
     if mixed or weights is not None:
         keras.mixed_precision.set_global_policy("float32")
         serving = _build(spec, mixed=False)
         serving.set_weights(model.get_weights() if weights is None else weights)
-        model = serving
+    # Served from decoded images: whole pixel values 0-255, as the reader's
+    # uint8 ones, normalised by the model's first layer as in training.
     preprocessing = ImagePreprocessing(image_size=spec.config.image_size, channels=3,
-                                       mean=reader.mean, std=reader.std,
+                                       rescale=1.0, integer_pixels=True,
                                        crop_fraction=spec.config.eval_crop_fraction)
-    logged = log_keras_classifier(model, preprocessing, image_col="image",
+    logged = log_keras_classifier(serving, preprocessing, image_col="image",
                                   registered_model_name=spec.registered_model_name,
                                   class_names=list(spec.class_names), from_logits=True)
     if os.path.isdir(spec.tensorboard_dir) and any(os.scandir(spec.tensorboard_dir)):

@@ -93,7 +93,7 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
         _run_epochs(tf, keras, strategy, model, step, train_data, all_callbacks,
                     initial_epoch, cfg.epochs, spec.train_steps)
 
-    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed,
+    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, mixed=mixed,
                         weights_everywhere=True, fit=fit)
 
 

@@ -29,9 +29,9 @@ import os
 
 from dist_dl.core import compat
 from dist_dl.core.placement import launcher_place
-from dist_dl.train.worker import (WorkerSpec, _build, _fit_and_log, _learning_rate_callback,
-                                  _log, _pin_devices_and_precision, _rank0_callbacks,
-                                  _reader_config, _schedule, _train_data, _val_data,
+from dist_dl.train.worker import (WorkerSpec, _build, _fit_and_log, _input_bound_warner,
+                                  _learning_rate_callback, _log, _pin_devices_and_precision,
+                                  _rank0_callbacks, _schedule, _train_data, _val_data,
                                   _validation_callback)
 
 __all__ = ["train_worker_tf"]
@@ -63,7 +63,7 @@ def train_worker_tf(spec: WorkerSpec) -> dict | None:
     train_data, callbacks = _data_and_callbacks(tf, spec, strategy, reader, schedule, manager,
                                                 rank, size, initial_epoch, mixed, "tf.distribute")
     # The final weights are read on every worker: see the module's notes.
-    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, reader, mixed,
+    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, mixed=mixed,
                         weights_everywhere=True)
 
 
@@ -73,6 +73,7 @@ def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manage
     resumed after the same epoch, the attempt's first line, this worker's
     training data, and the callbacks (the collective ones in the same order
     on every worker, then rank 0's)."""
+    from dist_dl.read.dataset import InputWaits
     from dist_dl.train.checkpoint_loop import CheckpointCallback
     from dist_dl.train.timing import step_timer
 
@@ -84,8 +85,9 @@ def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manage
                f"{'mixed' if mixed else 'float32'} precision)")
     # Each worker's own shard, batch_size rows per step: the function is
     # called once on this worker (one input pipeline, one replica).
+    waits = InputWaits()
     train_data = strategy.distribute_datasets_from_function(
-        lambda _: _train_data(spec, reader, rank, size, initial_epoch))
+        lambda _: _train_data(spec, reader, rank, size, initial_epoch, waits))
     callbacks = []
     if spec.val_files:
         val_data = strategy.distribute_datasets_from_function(
@@ -97,7 +99,8 @@ def _data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, schedule, manage
             step=lambda sums, iterator: strategy.experimental_local_results(
                 strategy.run(sums, args=next(iterator)))[0],
             combine=lambda totals: _sum_over_workers(tf, strategy, totals)))
-    callbacks += [_learning_rate_callback(tf, schedule), step_timer(cfg.batch_size * size),
+    callbacks += [_learning_rate_callback(tf, schedule),
+                  step_timer(cfg.batch_size * size, waits=waits, warn=_input_bound_warner(rank)),
                   CheckpointCallback(manager, metadata={"run_id": spec.run_id},
                                      writer=rank == 0, peers=True)]
     if rank == 0:
@@ -133,7 +136,7 @@ def _start(tf, spec: WorkerSpec):
     compat.keras().utils.set_random_seed(cfg.seed + place.rank)
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
-    return (strategy, place.rank, size, mixed, _reader_config(cfg),
+    return (strategy, place.rank, size, mixed, cfg.reader_config(),
             _schedule(cfg, size, spec.train_steps), manager)
 
 

@@ -88,7 +88,6 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from dist_dl.read import ReaderConfig
     from dist_dl.read.torchdata import Normalize, make_loader
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.models_torch import build_torch_model
@@ -105,11 +104,7 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     # The same initial weights on every rank (DDP broadcasts rank 0's anyway);
     # crops and flips differ per rank through the loader's seed.
     torch.manual_seed(cfg.seed)
-    reader = ReaderConfig(image_size=cfg.image_size, eval_crop_fraction=cfg.eval_crop_fraction,
-                          area_range=(cfg.min_crop_area, 1.0), flip=cfg.flip,
-                          shuffle_buffer=cfg.shuffle_buffer,
-                          reader_threads=1 if cfg.deterministic else cfg.reader_threads,
-                          reader=cfg.reader)
+    reader = cfg.reader_config()
     net = build_torch_model(spec.model, (cfg.image_size, cfg.image_size, 3), spec.classes)
     normalize = Normalize(reader)
     model = torch.nn.Sequential(normalize, net).to(device)
@@ -222,23 +217,16 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
 
 
-# Share of the training steps' time spent waiting for the next batch above
-# which the run is input-bound.
-INPUT_BOUND = 0.2
-
-
 def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool, progress) -> None:
     """Once per attempt, on rank 0: the workers waited for their input for
     more than ``INPUT_BOUND`` of the training steps' time, with what to do."""
+    from dist_dl.train.timing import INPUT_BOUND, input_bound_message
+
     if rank != 0 or fraction <= INPUT_BOUND or progress.warned_input:
         return
-    from dist_dl.train.timing import input_levers
-
     progress.warned_input = True
-    levers = input_levers(gpu_decode=on_gpu and cfg.decode == "cpu")
-    _log(rank, f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
-               f"steps' time (decode={cfg.decode!r}); the device was idle meanwhile. Levers: "
-               + "; ".join(levers))
+    _log(rank, input_bound_message(fraction, gpu_decode=on_gpu and cfg.decode == "cpu",
+                                   decode=cfg.decode))
 
 
 def _validate(ddp, loader, to_device, autocast, device) -> dict:

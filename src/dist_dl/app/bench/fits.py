@@ -12,37 +12,24 @@ from dist_dl.train.config import TrainConfig
 __all__ = ["plain_fit", "peer_fit", "tf_peer_fit", "reader_rate"]
 
 
-def _reader_config(config: TrainConfig):
-    """The reader settings a training worker of ``config`` uses."""
-    from dist_dl.read import ReaderConfig
-
-    return ReaderConfig(image_size=config.image_size, flip=config.flip,
-                        area_range=(config.min_crop_area, 1.0),
-                        shuffle_buffer=config.shuffle_buffer,
-                        reader_threads=config.reader_threads)
-
-
 def _batches(files: list, config: TrainConfig, rank: int, size: int):
     """Shard ``rank`` of ``size``, batched as a training worker reads it."""
     from dist_dl.read import make_dataset
 
     return make_dataset(files, rank, size, config.batch_size, training=config.augment,
-                        shuffle=config.shuffle, config=_reader_config(config), with_weights=True)
+                        shuffle=config.shuffle, config=config.reader_config(), with_weights=True)
 
 
 def _compiled(tf, config: TrainConfig, learning_rate: float, gpus: list, wrap=None):
     """The worker's model (float32 logits under mixed precision, as the
     library builds it), compiled with SGD at ``learning_rate``; ``wrap``
     turns the optimizer into a distributed one."""
-    from dist_dl.train.models import build_model
+    from dist_dl.train.models import build_classifier
 
     keras = compat.keras()
     mixed = config.mixed_precision == "on" or (config.mixed_precision == "auto" and bool(gpus))
     keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
-    model = build_model(config.model, (config.image_size, config.image_size, 3), 10)
-    if mixed:
-        logits = keras.layers.Activation("linear", dtype="float32")(model.outputs[0])
-        model = keras.Model(model.inputs, logits)
+    model = build_classifier(config.model, config.reader_config(), 10, mixed=mixed)
     optimizer = keras.optimizers.SGD(learning_rate, momentum=config.momentum)
     if wrap is not None:
         optimizer = wrap(optimizer)
