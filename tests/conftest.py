@@ -22,9 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above)
 
-# Every Spark driver JVM started from here or from a child process starts cheap.
-for _key, _value in jvm.driver_env().items():
-    os.environ.setdefault(_key, _value)
+
+def pytest_configure(config):
+    """Every Spark driver JVM started from here or from a child process
+    starts cheap (tests/support/jvm.py). The first process makes the class
+    archive (xdist's controller: before its workers start, which inherit
+    the environment set here)."""
+    if not hasattr(config, "workerinput"):
+        jvm.ensure_class_archive()
+    for key, value in jvm.driver_env().items():
+        os.environ.setdefault(key, value)
 
 # The tiers (pytest.ini's testpaths runs them in this order):
 #   unit/         no Spark, no training, no worker process; runs in the light
