@@ -111,7 +111,8 @@ class TrainedModel:
             return mlflow.pytorch.load_model(f"runs:/{self.run_id}/pytorch_model").eval()
 
     def keras_model(self):
-        """The trained Keras model (float32, logits out), loaded from the run."""
+        """The trained Keras model, loaded from the run: pixel values 0-255 in
+        (its first layer normalises them, as in training), float32 logits out."""
         if self.engine == "torch":
             raise ValueError("this model was trained by engine 'torch': use torch_model()")
         import mlflow.artifacts
