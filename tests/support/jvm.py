@@ -14,6 +14,7 @@ these settings are the tests', for jobs of seconds.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -40,6 +41,7 @@ spark.stop()
 """
 
 
+@functools.lru_cache(maxsize=None)
 def class_archive() -> Path:
     """Where this environment's archive lives: keyed by the Python
     environment, its PySpark and the ``java`` on PATH (an archive fits only

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dist_dl.core.lazy import lazy_attributes
 from dist_dl.core.placement import host_share, launcher_place
-from dist_dl.read.augment import ReaderConfig, eval_window
+from dist_dl.read.augment import ReaderConfig, eval_window, normalization
 from dist_dl.read.imaging import crop_draws, decode_into, train_window
 from dist_dl.read.rows import choose_reader, epoch_rows, rank_passes, rank_plan
 
@@ -452,13 +452,14 @@ def _define_normalize():
         def __init__(self, config: ReaderConfig = ReaderConfig()):
             super().__init__()
             # Buffers move with the model (.to(device)); not saved in its state.
-            self.register_buffer("mean", torch.tensor([m * 255.0 for m in config.mean])
-                                 .view(1, 3, 1, 1), persistent=False)
-            self.register_buffer("std", torch.tensor([s * 255.0 for s in config.std])
-                                 .view(1, 3, 1, 1), persistent=False)
+            # The TensorFlow reader's constants (read.augment.normalization).
+            scale, offset = normalization(config)
+            self.register_buffer("scale", torch.tensor(scale).view(1, 3, 1, 1), persistent=False)
+            self.register_buffer("offset", torch.tensor(offset).view(1, 3, 1, 1),
+                                 persistent=False)
 
         def forward(self, images):
-            return (images.float() - self.mean) / self.std
+            return images.float() * self.scale + self.offset
 
     Normalize.__module__ = __name__
     Normalize.__qualname__ = "Normalize"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from dist_dl.core import compat
 
-__all__ = ["StepTimes", "step_timer", "input_levers", "input_bound_message", "INPUT_BOUND"]
+__all__ = ["StepTimes", "step_timer", "input_levers", "input_bound_message", "input_wait_fraction",
+           "InputBoundWarning", "INPUT_BOUND"]
 
 # Share of the training steps' time spent waiting for the next batch above
 # which a worker is input-bound.
@@ -41,6 +42,30 @@ def input_bound_message(fraction: float, *, gpu_decode: bool, decode: str | None
     return (f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
             f"steps' time{setting}; the device was idle meanwhile. Levers: "
             + "; ".join(input_levers(gpu_decode=gpu_decode)))
+
+
+class InputBoundWarning:
+    """Calls ``warn(fraction)`` the first time an epoch's input-wait fraction
+    is above :data:`INPUT_BOUND`: once per attempt (one per training loop)."""
+
+    def __init__(self, warn):
+        self._warn = warn
+        self.warned = False
+
+    def __call__(self, fraction: float) -> None:
+        if fraction > INPUT_BOUND and not self.warned:
+            self.warned = True
+            self._warn(fraction)
+
+
+def input_wait_fraction(waits, times: "StepTimes") -> float | None:
+    """The share of the timed steps' time (see :meth:`StepTimes.rate`: from
+    the first step's end) spent waiting for batches, from ``waits`` (an
+    :class:`~dist_dl.read.dataset.InputWaits`); None without timed steps."""
+    if times.rate(1) is None:
+        return None
+    start, end = times.wall[0], times.wall[-1]
+    return waits.between(start, end) / (end - start)
 
 
 class StepTimes:
@@ -109,7 +134,7 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_", *, wait
             self.times = StepTimes()
             self.rates: list[float | None] = []
             self.cpu: list[float | None] = []
-            self.warned = False
+            self.input_bound = InputBoundWarning(warn) if warn is not None else None
 
         def on_epoch_begin(self, epoch, logs=None):
             self.times.clear()
@@ -128,13 +153,11 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_", *, wait
                     logs[f"{logs_prefix}images_per_second"] = rate
                 if cpu is not None:
                     logs[f"{logs_prefix}cpu_per_second"] = cpu
-            if waits is not None and rate is not None:
-                wall = self.times.wall
-                fraction = waits.between(wall[0], wall[-1]) / (wall[-1] - wall[0])
+            fraction = None if waits is None else input_wait_fraction(waits, self.times)
+            if fraction is not None:
                 if logs is not None and logs_prefix is not None:
                     logs[f"{logs_prefix}input_wait_fraction"] = fraction
-                if warn is not None and fraction > INPUT_BOUND and not self.warned:
-                    self.warned = True
-                    warn(fraction)
+                if self.input_bound is not None:
+                    self.input_bound(fraction)
 
     return StepTimer()

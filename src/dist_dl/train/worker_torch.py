@@ -92,7 +92,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.models_torch import build_torch_model
     from dist_dl.train.schedule import WarmupScaledRates
-    from dist_dl.train.timing import StepTimes
+    from dist_dl.read.dataset import InputWaits
+    from dist_dl.train.timing import InputBoundWarning, StepTimes, input_wait_fraction
 
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -140,7 +141,9 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         if autocast_dtype is not None else contextlib.nullcontext
     global_batch = cfg.batch_size * size
     progress = _Progress(rank, cfg.epochs, spec.train_steps, global_batch)
-    times = StepTimes()
+    times, waits = StepTimes(), InputWaits()
+    input_bound = InputBoundWarning(lambda fraction: _warn_input_bound(rank, fraction, cfg,
+                                                                       on_gpu))
 
     def to_device(batch):
         images, labels, weights = batch
@@ -153,15 +156,14 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         ddp.train()
         sums = torch.zeros(3, dtype=torch.float64, device=device)
         times.clear()
-        waited = 0.0
+        waits.clear()
         loader.set_epoch(epoch)
         batches = iter(loader)
         try:
             for index in range(spec.train_steps):
-                asked = time.perf_counter()
+                waits.ask()
                 batch = next(batches)
-                if index:  # the first step's wait fills the pipeline: not counted
-                    waited += time.perf_counter() - asked
+                waits.got()
                 images, labels, weights = to_device(batch)
                 for group in optimizer.param_groups:
                     group["lr"] = rate(step)
@@ -194,8 +196,9 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         if images_per_second is not None:
             logs["train_images_per_second"] = images_per_second
             logs["train_cpu_per_second"] = times.cpu_per_second()
-            logs["train_input_wait_fraction"] = waited / (times.wall[-1] - times.wall[0])
-            _warn_input_bound(rank, logs["train_input_wait_fraction"], cfg, on_gpu, progress)
+            # From the first step's end: its wait fills the pipeline.
+            logs["train_input_wait_fraction"] = input_wait_fraction(waits, times)
+            input_bound(logs["train_input_wait_fraction"])
         if val_loader is not None:
             logs.update(_validate(ddp, val_loader, to_device, autocast, device))
         if rank == 0:
@@ -217,14 +220,11 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     return {**logged, "initial_epoch": initial_epoch, "epochs": cfg.epochs}
 
 
-def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool, progress) -> None:
-    """Once per attempt, on rank 0: the workers waited for their input for
+def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool) -> None:
+    """Rank 0 tells the driver that the workers waited for their input for
     more than ``INPUT_BOUND`` of the training steps' time, with what to do."""
-    from dist_dl.train.timing import INPUT_BOUND, input_bound_message
+    from dist_dl.train.timing import input_bound_message
 
-    if rank != 0 or fraction <= INPUT_BOUND or progress.warned_input:
-        return
-    progress.warned_input = True
     _log(rank, input_bound_message(fraction, gpu_decode=on_gpu and cfg.decode == "cpu",
                                    decode=cfg.decode))
 
@@ -316,7 +316,6 @@ class _Progress:
         self._global_batch, self._every = global_batch, every
         self._start = self._last = time.perf_counter()
         self._done, self._in_epoch = 0, 0
-        self.warned_input = False
 
     def step(self, epoch: int) -> None:
         self._done += 1
