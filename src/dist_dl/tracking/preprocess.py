@@ -152,7 +152,9 @@ def _decode_one_by_one(images: list, spec: ImagePreprocessing):
                              getattr(exc, "message", str(exc)))
             raise ValueError(f"image {position} cannot be decoded: {type(exc).__name__}: "
                              f"{message}") from None
-        image = tf.image.resize(image, [height, width], method="bilinear")
+        # float32 in: the same values as resizing the uint8 pixels, faster
+        # (TensorFlow's bilinear kernel is slow on uint8 input).
+        image = tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear")
         arrays.append(image.numpy())
     return np.stack(arrays)
 
@@ -234,7 +236,8 @@ def _graph_decoder(spec: ImagePreprocessing):
             image = tf.cond(tf.equal(tf.strings.substr(data, 0, 3), _JPEG_MAGIC),
                             lambda: jpeg(data), lambda: whole(data))
         image.set_shape([None, None, channels])
-        return tf.image.resize(image, [height, width], method="bilinear")
+        # float32 in: the same values as resizing the uint8 pixels, faster.
+        return tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear")
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
