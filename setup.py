@@ -52,7 +52,9 @@ setup(
         # PyTorch, for TorchDistributor (dist_dl.launch.torch_distributor):
         # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
         # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
-        "torch": ["torch>=2.0"],
+        # simplejpeg: the torch loader's JPEG decoder on the CPU
+        # (dist_dl.read.imaging; Pillow where it is missing).
+        "torch": ["torch>=2.0", "simplejpeg>=1.6"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],

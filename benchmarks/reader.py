@@ -21,11 +21,15 @@ then, in interleaved rounds within one process, times on the same shards:
             Parquet cost nothing. The goal is reader >= 0.8 x baseline,
             for each reader;
 - torch:    the torch reader, ``make_loader(url, 0, 1, ...)`` decoding on
-            the CPU (Pillow in threads), where torch imports;
+            the CPU in threads (simplejpeg and torch's resize where
+            simplejpeg imports, else Pillow), where torch imports;
 - eager:    a plain Python loop of ``tf.io.decode_jpeg`` over the same bytes
             (one thread, decode only): the decode limit per core;
 - pillow:   a plain Python loop of Pillow's decode + random resized crop +
-            flip (``dist_dl.read.imaging.decode_into``, one thread).
+            flip (``dist_dl.read.imaging.decode_into`` held to Pillow, one
+            thread);
+- simplejpeg: the same loop on decode_into's simplejpeg + torch path,
+            where both import.
 
 Reports medians over rounds, the spread, CPU seconds per wall second, and
 images per CPU-second (each pipeline's rate over the CPU it used). Writes
@@ -149,11 +153,26 @@ def main(argv=None):
     pillow_out = np.empty((args.crop, args.crop, 3), np.uint8)
     pillow_rng = np.random.default_rng(0)
 
+    from dist_dl.read import imaging
+
+    fast_path = imaging._fast_path
+
     class _Pillow:
+        fast = False
+
         def __next__(self):
             draws = crop_draws(pillow_rng, args.batch_size)
-            for i, b in enumerate(jpegs[:args.batch_size]):
-                decode_into(pillow_out, b, config, draws[i], bool(i % 2))
+            # decode_into picks its implementation per image through
+            # imaging._fast_path: held to Pillow's here, unless timing the other.
+            imaging._fast_path = fast_path if self.fast else (lambda: None)
+            try:
+                for i, b in enumerate(jpegs[:args.batch_size]):
+                    decode_into(pillow_out, b, config, draws[i], bool(i % 2))
+            finally:
+                imaging._fast_path = fast_path
+
+    class _Simplejpeg(_Pillow):
+        fast = True
 
     torch_loader = _torch_reader(url, config, args.batch_size)
     def normalised():
@@ -168,7 +187,8 @@ def main(argv=None):
     for r in range(args.rounds):
         # Rotate which pipeline goes first, so none always runs on a cold or warm machine.
         order = (pipelines[r % len(pipelines):] + pipelines[:r % len(pipelines)]
-                 + [("eager", _Eager), ("pillow", _Pillow)])
+                 + [("eager", _Eager), ("pillow", _Pillow)]
+                 + ([("simplejpeg", _Simplejpeg)] if fast_path() is not None else []))
         row = {}
         for name, it in order:
             row[name], row[name + "_cpu"] = _rate(it, args.warmup, args.batches, args.batch_size)
@@ -195,6 +215,8 @@ def main(argv=None):
         "eager_decode_per_cpu_s": round(med("eager_per_cpu_s"), 1),
         "pillow_img_s": round(med("pillow"), 1),
         "pillow_per_cpu_s": round(med("pillow_per_cpu_s"), 1),
+        **({"simplejpeg_per_cpu_s": round(med("simplejpeg_per_cpu_s"), 1)}
+           if fast_path() is not None else {}),
         "baseline_cpu_per_s": round(med("baseline_cpu"), 2),
         "baseline_per_cpu_s": round(med("baseline_per_cpu_s"), 1),
     }

@@ -135,3 +135,26 @@ def test_an_image_that_does_not_decode_is_named_by_its_row(tmp_path):
     with pytest.raises(ValueError, match="rank 0: the image of row 'broken.jpg' does not decode "
                                          r"\(UnidentifiedImageError"):
         next(iter(loader))
+
+
+def test_the_scaled_decode_factor_is_pillows_draft_choice():
+    # The simplejpeg path decodes at full scale only where Pillow's draft mode
+    # would (dist_dl.read.imaging._dct_factor), and leaves the rest to Pillow.
+    from PIL import Image
+
+    from dist_dl.read.imaging import _dct_factor
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        width, height = (int(v) for v in rng.integers(40, 2000, 2))
+        crop_w, crop_h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
+        size = int(rng.choice([16, 64, 224]))
+        image = Image.frombytes("RGB", (width, height), bytes(3 * width * height))
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG")
+        with Image.open(buffer) as jpeg:
+            drafted = jpeg.draft("RGB", (max(1, width * size // crop_w),
+                                         max(1, height * size // crop_h)))
+            factor = 1 if drafted is None else round(width / drafted[1][2])
+        assert _dct_factor(height, width, crop_h, crop_w, size) == factor, (
+            width, height, crop_w, crop_h, size)

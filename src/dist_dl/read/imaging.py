@@ -9,16 +9,30 @@ and eval transforms, without TensorFlow (worker side).
   (:func:`train_window`), resized to ``image_size``, flipped left-right with
   probability 1/2 (``config.flip``).
 
-Pillow decodes with JPEG draft mode where the crop is at least twice the
-output size: libjpeg then decodes at 1/2, 1/4 or 1/8 scale in the DCT, which
-is most of the saving for small crops of large photographs. Resizing is
-Pillow's bilinear filter, which averages over the whole footprint when it
-shrinks (antialiased); ``tf.image.resize`` samples 2 x 2 pixels. The
-pixels thus differ slightly from the TensorFlow reader's (measured in
-tests/integration/test_torch_read.py). Pillow releases the GIL while it
-decodes and resizes, so threads decode in parallel.
+JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT where the crop is at least
+twice the output size (libjpeg's scaled decoding, Pillow's draft mode), which
+is most of the saving for small crops of large photographs. The resize is
+bilinear and averages over the whole footprint when it shrinks
+(antialiased); ``tf.image.resize`` samples 2 x 2 pixels. The pixels thus
+differ slightly from the TensorFlow reader's (measured in
+tests/integration/test_torch_read.py).
 
-Imports Pillow and numpy only.
+Two implementations of the same transform, chosen per image:
+
+- where simplejpeg and torch import (the ``torch`` extra installs both), a
+  JPEG decoded at full scale is decoded by simplejpeg (libjpeg-turbo,
+  straight into a numpy array) and resized by
+  ``torch.nn.functional.interpolate`` (bilinear, antialiased, on uint8
+  pixels in channels-last order: torch's vectorised path, single-threaded):
+  the same pixels as Pillow's to within a level, at about one and a half
+  times the images per CPU-second (benchmarks/RESULTS.md, "The torch
+  loader's decoding");
+- otherwise (a crop small enough for a scaled decode, another format, a
+  JPEG simplejpeg refuses, or no simplejpeg), Pillow decodes (draft mode)
+  and resizes (its bilinear filter).
+
+Both release the GIL while they decode and resize, so threads decode in
+parallel. Imports numpy, and Pillow, simplejpeg and torch where used.
 """
 from __future__ import annotations
 
@@ -101,10 +115,19 @@ def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool =
             evaluation crop.
         flip: Flip left-right.
     """
+    size = out.shape[0]
+    fast = _fast_path()
+    if fast is not None and jpeg[:3] == _JPEG_MAGIC:
+        try:
+            pixels = _decode_fast(fast, jpeg, size, config, draws)
+        except ValueError:  # a JPEG simplejpeg does not take: Pillow's
+            pixels = None
+        if pixels is not None:
+            out[...] = pixels[:, ::-1] if flip else pixels
+            return
     import numpy as np
     from PIL import Image
 
-    size = out.shape[0]
     with Image.open(io.BytesIO(jpeg)) as image:
         width, height = image.size
         top, left, crop_h, crop_w = (eval_window(height, width, config) if draws is None
@@ -123,3 +146,61 @@ def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool =
         box = (left * scale, top * scale, (left + crop_w) * scale, (top + crop_h) * scale)
         pixels = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     out[...] = pixels[:, ::-1] if flip else pixels
+
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+# Set once simplejpeg or torch failed to import here. Not functools.lru_cache:
+# this module travels by value inside logged torch models (tracking.torch_pyfunc),
+# and a cache object pickles by reference to dist_dl.
+_NO_FAST_PATH: set = set()
+
+
+def _fast_path():
+    """``(simplejpeg, torch)`` where both import, else None."""
+    if _NO_FAST_PATH:
+        return None
+    try:
+        import simplejpeg
+        import torch
+    except ImportError:
+        _NO_FAST_PATH.add(True)
+        return None
+    return simplejpeg, torch
+
+
+def _dct_factor(height: int, width: int, crop_h: int, crop_w: int, size: int) -> int:
+    """What libjpeg shrinks the whole image by (1, 2, 4 or 8) so that the crop
+    keeps at least about ``size`` pixels a side: Pillow's draft rule, for the
+    size ``decode_into`` asks Pillow's draft for."""
+    wanted = min(width // max(1, width * size // crop_w), height // max(1, height * size // crop_h))
+    return next((f for f in (8, 4, 2) if wanted >= f), 1)
+
+
+def _decode_fast(fast, jpeg: bytes, size: int, config: ReaderConfig, draws):
+    """The crop of ``jpeg`` resized to ``size``, uint8 ``[size, size, 3]``:
+    simplejpeg's decode, torch's antialiased bilinear resize; None where the
+    crop is small enough for a scaled decode (Pillow's path then: its resize
+    takes the window's fractional position on the scaled image, which
+    torch's interpolate cannot).
+
+    Raises:
+        ValueError: simplejpeg cannot decode it.
+    """
+    import numpy as np
+
+    simplejpeg, torch = fast
+    height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg)
+    top, left, crop_h, crop_w = (eval_window(height, width, config) if draws is None
+                                 else train_window(height, width, draws, config))
+    if _dct_factor(height, width, crop_h, crop_w, size) > 1:
+        return None
+    image = simplejpeg.decode_jpeg(jpeg, colorspace="RGB")
+    # Copied by numpy, the crop is channels-last for torch (height, width,
+    # channel in memory), the layout whose uint8 resize is vectorised and
+    # single-threaded; a copy by torch would run on its intra-op threads.
+    crop = np.ascontiguousarray(image[top:top + crop_h, left:left + crop_w])
+    resized = torch.nn.functional.interpolate(
+        torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0), size=(size, size),
+        mode="bilinear", antialias=True, align_corners=False)
+    return resized[0].permute(1, 2, 0).numpy()

@@ -90,7 +90,7 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
             None draws fresh ones.
         epoch: The first epoch an iteration yields.
         shuffle: Shuffle row groups and rows (default ``training``).
-        decode: ``"cpu"``: Pillow in ``threads`` threads. ``"gpu"``:
+        decode: ``"cpu"``: simplejpeg (or Pillow) in ``threads`` threads. ``"gpu"``:
             torchvision's JPEG decoder on the CUDA device ``device`` (default
             the current one), the crop, resize and flip there too; needs
             torchvision and a GPU. ``"synthetic"``: no decoding: the same

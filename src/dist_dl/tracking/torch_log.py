@@ -32,7 +32,8 @@ def torch_pip_requirements() -> list[str]:
     from importlib import metadata
 
     requirements = []
-    for name in ("torch", "torchvision", "pillow", "numpy", "pandas", "cloudpickle"):
+    for name in ("torch", "torchvision", "pillow", "simplejpeg", "numpy", "pandas",
+                 "cloudpickle"):
         try:
             version = metadata.version(name)
         except metadata.PackageNotFoundError:

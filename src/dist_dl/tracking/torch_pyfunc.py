@@ -5,7 +5,7 @@ the torch engine); loaded anywhere with ``mlflow.pyfunc.load_model``. The
 model is a ``torch.export`` program (``.pt2``: graph and weights, loaded
 without the code that defined the module) that takes uint8 images
 ``[batch, 3, size, size]`` and returns logits; the images are decoded with
-Pillow and cropped and resized as the torch reader's evaluation transform
+simplejpeg or Pillow and cropped and resized as the torch reader's evaluation transform
 does (:func:`dist_dl.read.imaging.decode_into`), so an image served is the
 image the model was validated on.
 
