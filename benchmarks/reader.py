@@ -31,6 +31,14 @@ then, in interleaved rounds within one process, times on the same shards:
 - simplejpeg: the same loop on decode_into's simplejpeg + torch path,
             where both import.
 
+Before the rounds, the cost of reading the shards themselves: one file of
+them rewritten by pyarrow in four layouts (Snappy or none, with or without
+a dictionary for the image column; the library writes "none, no
+dictionary", ``dist_dl.prepare.schema.PARQUET_OPTIONS``), each read row
+group by row group as the arrow reader does (``read_row_group`` then
+``to_numpy()`` of the image column), best of four passes: microseconds of
+CPU per image (``parquet_read_us_per_image.<layout>``).
+
 Reports medians over rounds, the spread, CPU seconds per wall second, and
 images per CPU-second (each pipeline's rate over the CPU it used). Writes
 ``reader_ratio`` (goal 0.8), ``reader_per_core`` and ``reader_vs_decode``
@@ -123,6 +131,8 @@ def main(argv=None):
     for f in resolve_files(url):
         jpegs += pq.read_table(f[len("file://"):], columns=["image"])["image"].to_pylist()
     mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1024
+    layouts = _parquet_layouts(resolve_files(url)[0][len("file://"):], workdir)
+    print(json.dumps({"parquet_read_us_per_image": layouts}), flush=True)
 
     def reader(name):
         chosen = dataclasses.replace(config, reader=name)
@@ -265,9 +275,44 @@ def main(argv=None):
                 output=pixels,
                 decode_images_per_cpu_second=summary["eager_decode_per_cpu_s"],
                 pillow_images_per_cpu_second=summary["pillow_per_cpu_s"], **images)
+        for layout, micros in layouts.items():
+            entries[f"parquet_read_us_per_image.{layout}"] = result_entry(
+                [micros], **images)
         published = publish_results(args.results, entries)
         print(f"results: {published['results']}, {published['png']}")
     return summary
+
+
+def _parquet_layouts(path, workdir, passes=4):
+    """CPU microseconds per image to read the file at ``path`` rewritten in
+    each layout (best of ``passes``), as the arrow reader reads a row group."""
+    import pyarrow.parquet as pq
+
+    from dist_dl.prepare.schema import PARQUET_OPTIONS
+
+    table = pq.read_table(path)
+    rows_per_group = pq.ParquetFile(path).metadata.row_group(0).num_rows
+    others = [c for c in table.column_names if c != "image"]
+    layouts = {
+        "snappy_dictionary": {"compression": "snappy", "use_dictionary": True},
+        "snappy_plain": {"compression": "snappy", "use_dictionary": others},
+        "none_dictionary": {"compression": "none", "use_dictionary": True},
+        "none_plain": PARQUET_OPTIONS,   # what the library writes
+    }
+    micros = {}
+    for name, options in layouts.items():
+        copy = os.path.join(workdir, f"layout-{name}.parquet")
+        pq.write_table(table, copy, row_group_size=rows_per_group, **options)
+        best = float("inf")
+        for _ in range(passes):
+            reader = pq.ParquetFile(copy)
+            start = time.process_time()
+            for group in range(reader.num_row_groups):
+                reader.read_row_group(group, columns=["image"],
+                                      use_threads=False).column("image").to_numpy()
+            best = min(best, time.process_time() - start)
+        micros[name] = round(best / table.num_rows * 1e6, 1)
+    return micros
 
 
 def _torch_reader(url, config, batch_size):

@@ -100,3 +100,7 @@ def test_reader_benchmark_runs_tiny_and_writes_its_keys(tmp_path):
     assert written["reader_ratio"]["rounds"] == written[f"reader_ratio.{auto}"]["rounds"]
     assert len(written["reader_ratio.arrow"]["rounds"]) == 2
     assert ("reader_arrow_vs_petastorm" in written) == (auto == "petastorm")
+    # The Parquet layouts' read costs, the library's own ("none_plain") among them.
+    assert {k for k in written if k.startswith("parquet_read_us_per_image.")} == {
+        f"parquet_read_us_per_image.{layout}" for layout in
+        ("snappy_dictionary", "snappy_plain", "none_dictionary", "none_plain")}

@@ -18,10 +18,10 @@ width         int32     stored image width in pixels
 The files are written uncompressed and without dictionary encoding
 (:data:`PARQUET_OPTIONS`, :data:`SPARK_PARQUET_OPTIONS`): JPEG bytes do not
 compress, and each image is unique, so both only cost time. Reading a row
-group of ImageNet-like JPEGs (about 53 KB each) with pyarrow then costs
-about 19 microseconds of CPU per image instead of 132 with Snappy and a
-dictionary page (measured in ``benchmarks/RESULTS.md``), about a tenth of
-what decoding it costs.
+group of ImageNet-like JPEGs (about 53 KB each) with pyarrow into one
+``bytes`` per image then takes about a third less CPU than with Snappy and
+a dictionary page (``benchmarks/reader.py``'s ``parquet_read_us_per_image``
+figures), a few percent of what decoding the images costs.
 
 Beside the data (in the Parquet folder or the Delta table's root, with names
 starting with ``_`` so that Spark, pyarrow, Petastorm and Delta all ignore
