@@ -18,9 +18,8 @@ tasks). The setups:
 The Spark session and all Python workers are started, and warmed up by one
 small ensemble, before any timing, and again right before every Spark run
 (Spark stops Python workers idle for a minute, and the setup before it may
-take longer; the other setups' processes stay warm). Until 26 Nov 2026 the
-warm-up ran only before each round, so most Spark runs started new Python
-workers.
+take longer; the other setups' processes stay warm), so no Spark run pays
+for starting its Python workers.
 The setups alternate for ``--rounds`` rounds, in a rotating order. Before
 each round (and its warm-up) the script waits while the
 machine is busy with other work (1-minute load average above ``--max-load``,

@@ -1,8 +1,8 @@
 """Probe: a Keras 3 model trained with a custom loop under
 MultiWorkerMirroredStrategy (the route left for Keras 3 on the tf.distribute
 engine, since Keras 3's ``fit`` fails under the strategy: keras-team/keras
-issue 20585). Not a library path yet; the README's "Keras 3" paragraph and the
-notes of the maintained-engine issue quote what it measured on 26 Nov 2026.
+issue 20585). Not a library path yet; benchmarks/RESULTS.md ("Keras 3 with a
+custom training loop under MultiWorkerMirroredStrategy") has what it measured.
 
 Run two workers on this machine and compare their weights (on runtime 17.3's
 or 16.4's stack, where `tf.keras` is Keras 3):

@@ -594,8 +594,8 @@ def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_lin
     Horovod's failed collective ("Graph execution error:", the Gloo timeout
     lines below it) before anyone's exit code is seen; the error then says a
     collective failed and names the other ranks with their hosts on its first
-    line (the clean-clone CI of 26 Nov 2026 got only the wrapper's first
-    line). A rank's own error is still reported as it is."""
+    line, not only the wrapper's first line. A rank's own error is still
+    reported as it is."""
     from dist_dl.launch.errors import failure_from
     from dist_dl.launch.protocol import DriverSink, encode_control
 

@@ -948,7 +948,6 @@ def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finis
 
     cluster = request.getfixturevalue("hosts")
     # Gloo's collective timeout is 30 s: a cut of 50 s outlasts it by 20.
-    # (90 s and 8 epochs until 26 Nov 2026, about 60 s more of CI.)
     down_for, timeout, epochs = 50.0, 150.0, 4
     s = scenario("F2 hosts", "worker host cut off the network",
                  f"train_distributed(df, num_workers=2, epochs={epochs}, timeout={timeout:g}, "
