@@ -117,7 +117,7 @@ def _software_under_tmp() -> list[str]:
     """The folders under /tmp that the hosts' processes need: this checkout,
     the virtual environment, its base Python, PYTHONPATH entries (outermost
     only)."""
-    roots = {str(Path(__file__).resolve().parents[1]), sys.prefix, sys.base_prefix,
+    roots = {str(Path(__file__).resolve().parents[2]), sys.prefix, sys.base_prefix,
              str(Path(sys.executable).resolve().parent)}
     roots |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     under = sorted({os.path.realpath(r) for r in roots if os.path.realpath(r).startswith("/tmp/")})
