@@ -128,10 +128,11 @@ def main(argv=None):
     config = ReaderConfig(image_size=args.crop, normalize=False)
 
     jpegs = []
-    for f in resolve_files(url):
-        jpegs += pq.read_table(f[len("file://"):], columns=["image"])["image"].to_pylist()
+    paths = [f[len("file://"):] for f in resolve_files(url)]
+    for path in paths:
+        jpegs += pq.read_table(path, columns=["image"])["image"].to_pylist()
     mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1024
-    layouts = _parquet_layouts(resolve_files(url)[0][len("file://"):], workdir)
+    layouts = _parquet_layouts(paths[0], workdir)
     print(json.dumps({"parquet_read_us_per_image": layouts}), flush=True)
 
     def reader(name):
