@@ -1,7 +1,9 @@
 """Scoring a Spark DataFrame of JPEG bytes on the executors with a logged model."""
 from __future__ import annotations
 
+import glob
 import io
+import os
 import re
 
 import mlflow
@@ -66,6 +68,10 @@ def test_executors_predict_like_the_driver(spark, logged_model):
     np.testing.assert_allclose(rows["probability"], expected["probability"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.stack(rows["probabilities"]), np.stack(expected["probabilities"]),
                                rtol=1e-5, atol=1e-6)
+    # The executors unpacked the model where Spark keeps this application's
+    # files (removed when the application ends), not in the temporary folder.
+    from pyspark import SparkFiles
+    assert glob.glob(os.path.join(SparkFiles.getRootDirectory(), "dist_dl-model-*", "MLmodel"))
 
 
 def test_missing_image_column_names_it_and_the_columns(spark, logged_model):

@@ -37,7 +37,11 @@ def _load(archive_name: str):
             import mlflow.pyfunc
             from pyspark import SparkFiles
 
-            target = tempfile.mkdtemp(prefix="dist_dl-model-")
+            # Beside the fetched archive, in the folder Spark gives this
+            # application's files on this executor and removes when the
+            # application ends: a Python worker can end without running
+            # cleanup of its own, and the models would pile up in /tmp.
+            target = tempfile.mkdtemp(prefix="dist_dl-model-", dir=SparkFiles.getRootDirectory())
             try:
                 with zipfile.ZipFile(SparkFiles.get(archive_name)) as archive:
                     archive.extractall(target)
