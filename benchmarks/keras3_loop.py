@@ -128,8 +128,8 @@ class ShowingLSO(keras.optimizers.LossScaleOptimizer):
 def make_opt():
     o = keras.optimizers.SGD(0.1) if OPT == "sgd" else keras.optimizers.Adam(1e-2)
     if (MP or LSO) and not os.environ.get("NOLSO"):
-        if os.environ.get("AGREE"):  # the library's scaler (dist_dl.train.worker_keras3)
-            from dist_dl.train.worker_keras3 import agreeing_loss_scale_optimizer
+        if os.environ.get("AGREE"):  # the library's scaler (dist_dl.train.engines.keras3)
+            from dist_dl.train.engines.keras3 import agreeing_loss_scale_optimizer
         cls = agreeing_loss_scale_optimizer() if os.environ.get("AGREE") else (
             ShowingLSO if os.environ.get("SHOW_FINITE") else keras.optimizers.LossScaleOptimizer)
         o = cls(o, initial_scale=float(os.environ.get("LS_INIT", 2**15)))

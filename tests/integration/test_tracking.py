@@ -374,7 +374,7 @@ _RANK_0_WHOSE_FIT_FAILS = '''
 import json, os, sys, types
 import mlflow
 from mlflow.tracking import MlflowClient
-from dist_dl.train.worker import _fit_and_log
+from dist_dl.train.engines.keras_common import fit_and_log
 
 uri = sys.argv[1]
 client = MlflowClient(uri)
@@ -389,7 +389,7 @@ def fit(callbacks):
     raise RuntimeError("a peer left the allreduce")
 
 try:
-    _fit_and_log(spec, None, None, [], 0, 0, fit=fit)
+    fit_and_log(spec, None, None, [], 0, 0, fit=fit)
 except RuntimeError as exc:
     failed = str(exc)
 print(json.dumps({"meta": meta, "before": before, "failed": failed,

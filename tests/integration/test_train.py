@@ -114,7 +114,7 @@ def test_keras3_workers_agree_to_skip_a_step_whose_gradients_overflow_on_one(eng
     # Keras 3's LossScaleOptimizer checks each worker's own gradients and
     # all-reduces them only where they are finite: when worker 1 overflows
     # and worker 0 does not, worker 0 waits for an all-reduce worker 1 never
-    # joins (mixed precision hung in its first step: worker_keras3's notes).
+    # joins (mixed precision hung in its first step: engines/keras3.py's notes).
     # Here worker 1 goes on to the next all-reduce, which TensorFlow finds
     # mismatched ("expected ... data_type 2 but got ... data_type 1").
     from dist_dl.launch import JobTimeout, TFDistributeRunner, WorkerError
@@ -352,7 +352,7 @@ def test_mixed_precision_and_fp16_gradients_run_on_cpu_and_log_a_float32_model(
     # test_bad_input_fails_on_the_driver_before_any_worker_or_run).
     fp16 = engine == "horovod"
     # With Keras 3 this hung in the first step before the workers agreed on
-    # skipping a step whose gradients overflow on one of them (worker_keras3).
+    # skipping a step whose gradients overflow on one of them (engines/keras3.py).
     trained = train_distributed(shards, model="small_cnn", epochs=1, num_workers=2, batch_size=4,
                                 image_size=16, validation_fraction=0.0, mixed_precision="on",
                                 fp16_allreduce=fp16, backend="local", tracking_uri=store,

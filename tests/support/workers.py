@@ -235,7 +235,7 @@ def keras_in_worker():
 def keras3_overflow_on_one_worker(agree: bool = True):
     """One step of Keras 3's loss-scaling optimizer under MultiWorkerMirroredStrategy
     in which worker 1's gradient overflows and worker 0's does not; with
-    ``agree``, the library's scaler (dist_dl.train.worker_keras3), else Keras's
+    ``agree``, the library's scaler (dist_dl.train.engines.keras3), else Keras's
     own. Returns every worker's weights and loss scale after it. Needs
     DIST_DL_KERAS=3 in the workers' environment."""
     import numpy as np
@@ -243,7 +243,7 @@ def keras3_overflow_on_one_worker(agree: bool = True):
 
     from dist_dl.core import compat
     from dist_dl.launch import multi_worker_strategy
-    from dist_dl.train.worker_keras3 import agreeing_loss_scale_optimizer
+    from dist_dl.train.engines.keras3 import agreeing_loss_scale_optimizer
 
     keras = compat.keras()
     strategy = multi_worker_strategy()

@@ -294,9 +294,12 @@ WORKER_MODULES = {
     "dist_dl.read.torchdata": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.launch._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.launch.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
-    "dist_dl.train.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
-    "dist_dl.train.worker_tf": ("tensorflow", "mlflow", "pyspark", "horovod"),
-    "dist_dl.train.worker_keras3": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.train.engines.core": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
+    "dist_dl.train.engines.keras_common": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
+    "dist_dl.train.engines.horovod": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
+    "dist_dl.train.engines.tf_distribute": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
+    "dist_dl.train.engines.keras3": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
+    "dist_dl.train.engines.torch_ddp": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
     "dist_dl.train.checkpoint": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.ensemble.task": ("tensorflow", "mlflow", "pyspark"),
     "dist_dl.search.task": ("tensorflow", "mlflow", "pyspark"),
@@ -361,3 +364,42 @@ def test_a_package_s_public_names_come_from_the_modules_its_map_names(package):
              if name not in getattr(importlib.import_module(source), "__all__", ())]
     assert not wrong, f"{package}._EXPORTS names modules that do not export these: {wrong}"
     assert set(module.__all__) <= set(dir(module))
+
+
+# The engines (dist_dl.train.engines): one module each, sharing only the core.
+SHARED_ENGINE_MODULES = {"dist_dl.train.engines.core", "dist_dl.train.engines.keras_common"}
+
+
+def engine_imports(src: Path) -> dict[str, set[str]]:
+    """Each engine module's imports of other modules of the engines package
+    (at any depth of the module, deferred ones included)."""
+    from dist_dl.train.engines import ENGINES
+
+    found = {}
+    for module in ENGINES.values():
+        path = src / (module.replace(".", "/") + ".py")
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        found[module] = {n for n in names if n.startswith("dist_dl.train.engines")}
+    return found
+
+
+def test_each_engine_is_one_module_that_shares_only_the_core():
+    import importlib
+
+    from dist_dl.train.engines import ENGINES
+
+    crossing = {module: sorted(imported - SHARED_ENGINE_MODULES)
+                for module, imported in engine_imports(SRC).items()
+                if imported - SHARED_ENGINE_MODULES}
+    assert not crossing, f"engine modules importing other engines (move what both need into " \
+        f"dist_dl.train.engines.core or .keras_common): {crossing}"
+    for name, module in ENGINES.items():
+        loaded = importlib.import_module(module)
+        assert callable(getattr(loaded, "train", None)) and \
+            callable(getattr(loaded, "runner", None)), \
+            f"engine {name!r} ({module}) must define train(spec) and runner(cfg, backend, spark)"

@@ -14,7 +14,7 @@ cloudpickle.register_pickle_by_value(workers)
 
 @pytest.mark.timeout(30)
 def test_ranks_read_before_horovod_init_are_checked_after_it():
-    from dist_dl.train.worker import _check_ranks
+    from dist_dl.train.engines.horovod import _check_ranks
 
     _check_ranks((3, 1), (3, 1))
     with pytest.raises(RuntimeError, match=r"environment gave rank 3 and local rank 1 .* "

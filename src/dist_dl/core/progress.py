@@ -1,7 +1,7 @@
 """Progress lines for long Spark steps on the driver.
 
 Training reports its own progress from rank 0 (steps, images/s, time left;
-``dist_dl.train.worker``). Steps that are plain Spark jobs, such as writing
+``dist_dl.train.engines``). Steps that are plain Spark jobs, such as writing
 image shards, report through ``SparkProgress``: a daemon thread on the driver
 that reads Spark's status tracker for one job group every ``every`` seconds
 (tasks done of the stages running) and, when given one, an accumulator the

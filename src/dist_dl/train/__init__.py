@@ -1,7 +1,7 @@
-"""Training: ``train_distributed`` on the driver (``driver.py``), and the code
-that runs inside each Horovod worker (``worker.py``) or tf.distribute worker
-(``worker_tf.py``), with checkpoints, the learning-rate schedule and the
-model registry."""
+"""Training: ``train_distributed`` on the driver (``driver.py``), its
+attempts and retries (``attempts.py``), and the code that runs inside each
+worker, one module per engine (``engines/``), with checkpoints, the
+learning-rate schedule and the model registry."""
 from typing import TYPE_CHECKING
 
 from dist_dl.core.lazy import lazy_exports

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from dist_dl.core import compat
 from dist_dl.core.redact import redact_secrets
 from dist_dl.train.config import TrainConfig
 
@@ -91,53 +90,11 @@ def run_attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: st
 
 
 def _runner(cfg: TrainConfig, backend: str, spark):
-    """The runner of ``cfg.engine`` on ``backend``, and its worker function."""
-    from dist_dl.launch import HorovodRunner, TFDistributeRunner, TorchDistributor
-    from dist_dl.core.quiet import quiet_env
+    """The runner of ``cfg``'s engine on ``backend``, and its worker function."""
+    from dist_dl.train.engines import engine_module
 
-    if cfg.engine == "torch":
-        from dist_dl.train.worker_torch import train_worker_torch
-
-        # Progress comes through log_to_driver; the workers' own output only
-        # with an error (its last lines), on either backend.
-        runner = TorchDistributor(
-            num_processes=cfg.num_workers, local_mode=backend == "local",
-            use_gpu=torch_uses_gpu(backend, spark), timeout=cfg.timeout,
-            threads_per_worker=cfg.threads_per_worker, pin_cpus=cfg.pin_cpus, env=quiet_env(),
-            spark=spark, driver_log_verbosity="log_callback_only")
-        return runner, train_worker_torch
-    if cfg.keras == 3:
-        from dist_dl.train.worker_keras3 import train_worker_keras3 as train_worker
-        # Keras 3 as tf.keras and as the library's Keras in every worker
-        # (dist_dl.core.compat): not the launcher's default tf-keras.
-        runner_class = TFDistributeRunner
-        env = {**quiet_env(), compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"}
-    elif cfg.engine == "tensorflow":
-        from dist_dl.train.worker_tf import train_worker_tf as train_worker
-        runner_class, env = TFDistributeRunner, quiet_env()
-    else:
-        from dist_dl.train.worker import train_worker
-        runner_class, env = HorovodRunner, {**quiet_env(), **cfg.horovod_env()}
-    np = cfg.num_workers if backend == "spark" else -cfg.num_workers
-    # Progress comes through log_to_driver; the workers' own output only with
-    # an error (its last lines), on either backend.
-    runner = runner_class(np=np, timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                          pin_cpus=cfg.pin_cpus, env=env, spark=spark,
-                          driver_log_verbosity="log_callback_only")
-    return runner, train_worker
-
-
-def torch_uses_gpu(backend: str, spark) -> bool:
-    """Whether the torch engine's workers train on GPUs: on the driver where
-    it has GPUs, on Spark tasks where GPU scheduling gives tasks GPUs
-    (``spark.task.resource.gpu.amount``)."""
-    from dist_dl.core.sparkconf import conf_value
-    from dist_dl.launch.sparkchecks import driver_gpus
-    from dist_dl.launch.torch_distributor import GPU_RESOURCE
-
-    if backend == "local":
-        return bool(driver_gpus(spark, GPU_RESOURCE))
-    return conf_value(spark.sparkContext, f"spark.task.resource.{GPU_RESOURCE}.amount") is not None
+    engine = engine_module(cfg)
+    return engine.runner(cfg, backend, spark), engine.train
 
 
 def last_checkpoint(spec):

@@ -65,7 +65,7 @@ class TrainConfig:
             keras-team/keras#20585); every BatchNormalization layer is made
             synchronized (Keras 3 would let its moving statistics drift apart
             per worker), and mixed precision's overflow check is agreed by
-            all workers (see :mod:`dist_dl.train.worker_keras3`).
+            all workers (see :mod:`dist_dl.train.engines.keras3`).
             ``engine="auto"`` picks tf.distribute for it.
         backend: ``"spark"``: Spark tasks (``HorovodRunner(np=num_workers)``);
             ``"local"``: processes on the driver machine (``np=-num_workers``);

@@ -4,8 +4,8 @@ Runs on the Spark driver (a notebook, a job, a pipeline). It checks the input
 before any worker starts, turns a DataFrame into image shards once (reusing
 them for the same data), plans the shards per worker, opens the MLflow run,
 launches the workers (``HorovodRunner`` with
-:func:`dist_dl.train.worker.train_worker`, or ``TFDistributeRunner`` with
-:func:`dist_dl.train.worker_tf.train_worker_tf`; locally or on Spark),
+:func:`dist_dl.train.engines.horovod.train`, or ``TFDistributeRunner`` with
+:func:`dist_dl.train.engines.tf_distribute.train`; locally or on Spark),
 retries a failed attempt from the last checkpoint, and returns a
 :class:`TrainedModel`.
 """
@@ -269,7 +269,7 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
         raise
     client.set_tag(run_id, "dist_dl.initial_epoch", str(initial_epoch))
 
-    from dist_dl.train.worker import WorkerSpec
+    from dist_dl.train.engines.core import WorkerSpec
 
     spec = WorkerSpec(config=cfg, model=builder, train_files=plan.files, train_steps=train_steps,
                       reader_steps=plan.steps_per_epoch,

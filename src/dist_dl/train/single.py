@@ -2,7 +2,7 @@
 body of each hyperparameter trial (which runs inside one Spark task).
 
 The same reader, model registry and learning-rate schedule as the
-data-parallel loop (``worker.py``), so a baseline and a distributed run of one
+data-parallel loop (``engines/horovod.py``), so a baseline and a distributed run of one
 configuration differ only in the number of workers.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ schedule, checkpoints and MLflow run of the other engines.
 
 Launched by :class:`~dist_dl.launch.TorchDistributor`, which has set
 torchrun's variables, this worker's threads, and its GPU (that of its local
-rank). One call of :func:`train_worker_torch` is one attempt:
+rank). One call of :func:`train` is one attempt:
 
 - ``torch.distributed`` over NCCL on GPUs, Gloo on CPUs; the model built
   with the same seed on every rank and wrapped in ``DistributedDataParallel``
@@ -34,9 +34,38 @@ import contextlib
 import os
 import time
 
-from dist_dl.train.worker import WorkerSpec, _log, drivers_run, progress_text
+from dist_dl.train.config import TrainConfig
+from dist_dl.train.engines.core import WorkerSpec, drivers_run, progress_text, rank0_log
 
-__all__ = ["train_worker_torch", "precision"]
+__all__ = ["train", "runner", "torch_uses_gpu", "precision"]
+
+
+def runner(cfg: TrainConfig, backend: str, spark):
+    """:class:`~dist_dl.launch.TorchDistributor` for ``cfg``'s workers, on the
+    GPUs where the cluster has them (:func:`torch_uses_gpu`)."""
+    from dist_dl.core.quiet import quiet_env
+    from dist_dl.launch import TorchDistributor
+
+    # Progress comes through log_to_driver; the workers' own output only with
+    # an error (its last lines), on either backend.
+    return TorchDistributor(
+        num_processes=cfg.num_workers, local_mode=backend == "local",
+        use_gpu=torch_uses_gpu(backend, spark), timeout=cfg.timeout,
+        threads_per_worker=cfg.threads_per_worker, pin_cpus=cfg.pin_cpus, env=quiet_env(),
+        spark=spark, driver_log_verbosity="log_callback_only")
+
+
+def torch_uses_gpu(backend: str, spark) -> bool:
+    """Whether the torch engine's workers train on GPUs: on the driver where
+    it has GPUs, on Spark tasks where GPU scheduling gives tasks GPUs
+    (``spark.task.resource.gpu.amount``)."""
+    from dist_dl.core.sparkconf import conf_value
+    from dist_dl.launch.sparkchecks import driver_gpus
+    from dist_dl.launch.torch_distributor import GPU_RESOURCE
+
+    if backend == "local":
+        return bool(driver_gpus(spark, GPU_RESOURCE))
+    return conf_value(spark.sparkContext, f"spark.task.resource.{GPU_RESOURCE}.amount") is not None
 
 
 def precision(mixed_precision: str, device) -> tuple:
@@ -52,7 +81,7 @@ def precision(mixed_precision: str, device) -> tuple:
     return torch.bfloat16, False
 
 
-def train_worker_torch(spec: WorkerSpec) -> dict | None:
+def train(spec: WorkerSpec) -> dict | None:
     """One attempt of data-parallel training on this torch worker.
 
     Returns, on rank 0: the logged model's URI and registered version, the
@@ -122,7 +151,7 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
     initial_epoch, step = _resume(manager, rank, net, optimizer, scaler, device)
-    _log(rank, f"attempt {spec.attempt}: {size} workers (torch, "
+    rank0_log(rank, f"attempt {spec.attempt}: {size} workers (torch, "
                f"{'NCCL on ' + torch.cuda.get_device_name(device) if on_gpu else 'Gloo on CPU'}), "
                f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
                f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
@@ -225,7 +254,7 @@ def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool) -> None:
     more than ``INPUT_BOUND`` of the training steps' time, with what to do."""
     from dist_dl.train.timing import input_bound_message
 
-    _log(rank, input_bound_message(fraction, gpu_decode=on_gpu and cfg.decode == "cpu",
+    rank0_log(rank, input_bound_message(fraction, gpu_decode=on_gpu and cfg.decode == "cpu",
                                    decode=cfg.decode))
 
 
@@ -276,7 +305,7 @@ def _resume(manager, rank: int, net, optimizer, scaler, device) -> tuple[int, in
         raise ValueError(f"checkpoint {chosen[0]} does not match this model or optimizer (built "
                          f"by another builder?): {exc}") from None
     scaler.load_state_dict(state.get("scaler", {}))
-    _log(rank, f"restored checkpoint {chosen[0]} (epoch {state['epoch']})")
+    rank0_log(rank, f"restored checkpoint {chosen[0]} (epoch {state['epoch']})")
     return int(state["epoch"]), int(state["step"])
 
 
@@ -308,7 +337,7 @@ def _precision_name(dtype) -> str:
 
 class _Progress:
     """Progress lines to the driver (rank 0): every ``every`` seconds and at
-    each epoch's end (:func:`~dist_dl.train.worker.progress_text`)."""
+    each epoch's end (:func:`~dist_dl.train.engines.core.progress_text`)."""
 
     def __init__(self, rank: int, epochs: int, steps: int, global_batch: int,
                  every: float = 30.0):
@@ -330,5 +359,5 @@ class _Progress:
         self._in_epoch = 0
 
     def _report(self, epoch: int, step: int, now: float, logs: dict | None = None) -> None:
-        _log(self._rank, progress_text(epoch, self._epochs, step, self._steps, self._done,
+        rank0_log(self._rank, progress_text(epoch, self._epochs, step, self._steps, self._done,
                                        now - self._start, self._global_batch, logs))

@@ -9,7 +9,7 @@ way TensorFlow's custom-training guide for the strategy writes them:
 the global batch (``tf.nn.compute_average_loss``, so the all-reduced sum of
 the workers' gradients is the gradient of the global batch), and
 ``optimizer.apply``, which all-reduces them. Everything around the steps is
-the tf.distribute worker's (:mod:`dist_dl.train.worker_tf`): the plan, the
+the tf.distribute engine's (:mod:`dist_dl.train.engines.keras_common`): the plan, the
 reader, the learning-rate schedule, resume, the exact validation pass, the
 checkpoints, MLflow, TensorBoard and progress, as the same Keras callbacks,
 called by a ``keras.callbacks.CallbackList`` at the points ``fit`` calls them
@@ -48,13 +48,27 @@ running mean of batch means.
 from __future__ import annotations
 
 from dist_dl.core import compat
-from dist_dl.train.worker import WorkerSpec, _build, _fit_and_log
-from dist_dl.train.worker_tf import _data_and_callbacks, _start, _sum_over_workers
+from dist_dl.train.config import TrainConfig
+from dist_dl.train.engines.core import WorkerSpec
+from dist_dl.train.engines.keras_common import (build_model, fit_and_log, start_tf_distribute,
+                                                sum_over_workers,
+                                                tf_distribute_data_and_callbacks,
+                                                tf_distribute_runner)
 
-__all__ = ["train_worker_keras3", "synchronize_batch_norm", "agreeing_loss_scale_optimizer"]
+__all__ = ["train", "runner", "synchronize_batch_norm", "agreeing_loss_scale_optimizer"]
 
 
-def train_worker_keras3(spec: WorkerSpec) -> dict | None:
+def runner(cfg: TrainConfig, backend: str, spark):
+    """:class:`~dist_dl.launch.TFDistributeRunner` whose workers have Keras 3 as
+    tf.keras and as the library's Keras (:mod:`dist_dl.core.compat`), not the
+    launcher's default tf-keras."""
+    from dist_dl.core.quiet import quiet_env
+
+    return tf_distribute_runner(cfg, backend, spark, {**quiet_env(), compat.LEGACY_KERAS_ENV: "0",
+                                                      compat.NATIVE_KERAS_ENV: "3"})
+
+
+def train(spec: WorkerSpec) -> dict | None:
     """One attempt of data-parallel training of a Keras 3 model on this
     tf.distribute worker.
 
@@ -64,7 +78,7 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
     import tensorflow as tf
 
     if not compat.native_keras3():
-        raise RuntimeError(f"train_worker_keras3 needs Keras 3 as this process's Keras: start it "
+        raise RuntimeError(f"train needs Keras 3 as this process's Keras: start it "
                            f"with {compat.NATIVE_KERAS_ENV}=3 (train_distributed(keras=3) does), "
                            "where the keras package is 3.x")
     keras = compat.keras()
@@ -72,9 +86,9 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
     from dist_dl.train.checkpoint_loop import resume
 
     cfg = spec.config
-    strategy, rank, size, mixed, reader, schedule, manager = _start(tf, spec)
+    strategy, rank, size, mixed, reader, schedule, manager = start_tf_distribute(tf, spec)
     with strategy.scope():
-        model = _build(spec, mixed)
+        model = build_model(spec, mixed)
         synchronize_batch_norm(model)
         optimizer = keras.optimizers.SGD(schedule, momentum=cfg.momentum)
         if mixed:
@@ -84,16 +98,16 @@ def train_worker_keras3(spec: WorkerSpec) -> dict | None:
         model.compile(optimizer=optimizer)
         optimizer.build(model.trainable_variables)
         initial_epoch = resume(manager, model, broadcast=False)
-    train_data, callbacks = _data_and_callbacks(tf, spec, strategy, reader, schedule, manager,
-                                                rank, size, initial_epoch, mixed,
-                                                "tf.distribute, Keras 3")
+    train_data, callbacks = tf_distribute_data_and_callbacks(
+        tf, spec, strategy, reader, schedule, manager, rank, size, initial_epoch, mixed,
+        "tf.distribute, Keras 3")
     step = _train_step(tf, keras, strategy, model, optimizer, cfg.batch_size * size, mixed)
 
     def fit(all_callbacks):
         _run_epochs(tf, keras, strategy, model, step, train_data, all_callbacks,
                     initial_epoch, cfg.epochs, spec.train_steps)
 
-    return _fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, mixed=mixed,
+    return fit_and_log(spec, model, train_data, callbacks, rank, initial_epoch, mixed=mixed,
                         weights_everywhere=True, fit=fit)
 
 
@@ -186,7 +200,7 @@ def _run_epochs(tf, keras, strategy, model, step, train_data, callbacks: list,
             hooks.on_train_batch_begin(batch)
             totals += step(iterator)
             hooks.on_train_batch_end(batch)
-        loss, correct, weight = _sum_over_workers(tf, strategy, totals).numpy()
+        loss, correct, weight = sum_over_workers(tf, strategy, totals).numpy()
         logs = {"loss": float(loss / weight), "accuracy": float(correct / weight)} \
             if weight > 0 else {}
         hooks.on_epoch_end(epoch, logs)
