@@ -26,7 +26,8 @@ params = read_widgets({"config": "synthetic_benchmark", "model": None, "num_work
                        "output": None, "overrides": ""},
                       dbutils=globals().get("dbutils"),
                       local={"model": "small_cnn", "image_size": 16, "batch_size": 16,
-                             "steps": 3, "warmup_steps": 1, "rounds": 1})
+                             "steps": 3, "warmup_steps": 1, "rounds": 1,
+                             "overrides": "bench.peer=false bench.reader_check=false"})
 config = config_from_widgets(params, {
     "model": "bench.model", "num_workers": "bench.num_workers", "image_size": "bench.image_size",
     "batch_size": "bench.batch_size", "steps": "bench.steps",
@@ -52,8 +53,9 @@ to_dict(config)["bench"]
 # MAGIC   efficiency, what the gradient allreduce and the synchronisation cost.
 # MAGIC
 # MAGIC Locally the defaults are tiny (a small CNN on 16-pixel images, 3 timed steps, one
-# MAGIC round) so that the notebook runs in the test suite; such figures say nothing about
-# MAGIC performance. On Databricks use `config=synthetic_benchmark` and the benchmark job's
+# MAGIC round, and only the four setups above: no peer, no timing of the reader alone) so that
+# MAGIC the notebook runs in the test suite; such figures say nothing about performance.
+# MAGIC On Databricks use `config=synthetic_benchmark` and the benchmark job's
 # MAGIC values: `model=resnet50`, `image_size=64`, `batch_size=32`, `steps=20`,
 # MAGIC `warmup_steps=5`, `rounds=3`, `threads_per_worker=4`, `num_workers` = the cluster's GPU
 # MAGIC count, on the benchmark job's GPU cluster.
