@@ -156,6 +156,30 @@ class EnvProbe:
         return [tf.keras.callbacks.Callback()]
 
 
+class ModulesProbe:
+    """Callback factory: at the end of training each worker writes which of
+    the top-level modules ``names`` it has loaded (comma-separated, in the
+    order given) to ``<prefix>-rank<r>``."""
+
+    def __init__(self, prefix: str, names: tuple[str, ...]):
+        self.prefix, self.names = prefix, names
+
+    def __call__(self):
+        import sys
+
+        from dist_dl.core import compat
+        from dist_dl.core.placement import process_rank
+
+        path, names = f"{self.prefix}-rank{process_rank()}", self.names
+
+        class Probe(compat.keras().callbacks.Callback):
+            def on_train_end(self, logs=None):
+                with open(path, "w") as f:
+                    f.write(",".join(n for n in names if n in sys.modules))
+
+        return [Probe()]
+
+
 class RaiseAt:
     """Callback factory: every worker raises ``RuntimeError(message)`` when
     epoch ``epoch`` (0-based) begins, after the previous epoch's checkpoint."""

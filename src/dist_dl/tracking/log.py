@@ -18,6 +18,7 @@ import mlflow
 from dist_dl.core import compat
 from dist_dl.core.lazy import lazy_attributes
 from dist_dl.core.placement import process_rank
+from dist_dl.tracking.metrics import numeric_logs
 from dist_dl.tracking.preprocess import ImagePreprocessing
 
 __all__ = ["LoggedModel", "log_keras_classifier", "log_params", "log_epoch_metrics",
@@ -335,18 +336,6 @@ def _define_epoch_logger():
     MlflowEpochLogger.__module__ = __name__
     MlflowEpochLogger.__qualname__ = "MlflowEpochLogger"
     return MlflowEpochLogger
-
-
-def numeric_logs(logs: Mapping | None) -> dict[str, float]:
-    """The entries of Keras' ``logs`` that are numbers, as floats (NaN and
-    inf kept: a diverging loss must show)."""
-    out = {}
-    for key, value in (logs or {}).items():
-        try:
-            out[key] = float(value)
-        except (TypeError, ValueError):
-            pass
-    return out
 
 
 # MlflowEpochLogger subclasses a Keras class: defined on first use (see dist_dl.core.lazy).

@@ -74,7 +74,7 @@ def resume(manager: CheckpointManager, model, *, optimizer=None, broadcast: bool
 def _define_checkpoint_callback():
     keras = compat.keras()
 
-    from dist_dl.tracking.log import numeric_logs
+    from dist_dl.tracking.metrics import numeric_logs
 
     class CheckpointCallback(keras.callbacks.Callback):
         """Keras callback: save a checkpoint at the end of every epoch (``every``).
