@@ -137,10 +137,13 @@ def test_keras3_workers_agree_to_skip_a_step_whose_gradients_overflow_on_one(eng
 @pytest.mark.timeout(300)
 def test_a_model_faster_than_its_input_is_told_so_once_with_the_levers(tmp_path, store, capsys):
     """A model whose step costs next to nothing on 224-pixel crops of
-    512-pixel JPEGs: its worker waits for every batch, the epochs log that
-    share, and the driver hears it once (not once per epoch), with what to do."""
+    1024-pixel JPEGs: its worker waits for every batch, the epochs log that
+    share, and the driver hears it once (not once per epoch), with what to do.
+    (From 512-pixel JPEGs, decoding cost not much more than the step: beside
+    two other trainings the epochs waited 3 to 23 % of the time, and one run
+    under 20 % failed.)"""
     path = str(tmp_path / "shards")
-    make_synthetic_images(path, rows=192, image_size=512, classes=3, rows_per_row_group=32)
+    make_synthetic_images(path, rows=192, image_size=1024, classes=3, rows_per_row_group=32)
     trained = train_distributed(path, model=train_hooks.pooled_linear, image_size=224,
                                 num_workers=1, backend="local", engine="tensorflow", epochs=3,
                                 batch_size=32, validation_fraction=0.0, tracking_uri=store,
