@@ -370,32 +370,16 @@ def test_a_package_s_public_names_come_from_the_modules_its_map_names(package):
 SHARED_ENGINE_MODULES = {"dist_dl.train.engines.core", "dist_dl.train.engines.keras_common"}
 
 
-def engine_imports(src: Path) -> dict[str, set[str]]:
-    """Each engine module's imports of other modules of the engines package
-    (at any depth of the module, deferred ones included)."""
-    from dist_dl.train.engines import ENGINES
-
-    found = {}
-    for module in ENGINES.values():
-        path = src / (module.replace(".", "/") + ".py")
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-        found[module] = {n for n in names if n.startswith("dist_dl.train.engines")}
-    return found
-
-
 def test_each_engine_is_one_module_that_shares_only_the_core():
     import importlib
 
     from dist_dl.train.engines import ENGINES
 
+    graph = import_graph(SRC, "dist_dl", deferred=True)
+    engine_modules = {module: {m for m in graph[module] if m.startswith("dist_dl.train.engines")}
+                      for module in ENGINES.values()}
     crossing = {module: sorted(imported - SHARED_ENGINE_MODULES)
-                for module, imported in engine_imports(SRC).items()
-                if imported - SHARED_ENGINE_MODULES}
+                for module, imported in engine_modules.items() if imported - SHARED_ENGINE_MODULES}
     assert not crossing, f"engine modules importing other engines (move what both need into " \
         f"dist_dl.train.engines.core or .keras_common): {crossing}"
     for name, module in ENGINES.items():

@@ -16,7 +16,8 @@ from dist_dl.core.progress import format_duration
 from dist_dl.launch import device
 from dist_dl.train.config import TrainConfig
 
-__all__ = ["WorkerSpec", "drivers_run", "progress_text", "rank0_log", "input_bound_warner"]
+__all__ = ["WorkerSpec", "drivers_run", "progress_text", "attempt_text", "rank0_log",
+           "input_bound_warner"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,17 @@ def progress_text(epoch: int, epochs: int, step: int, steps: int, steps_done: in
                                                         "val_accuracy")}
         text += "; " + ", ".join(f"{k} {float(v):.4f}" for k, v in shown.items())
     return text
+
+
+def attempt_text(spec: WorkerSpec, size: int, initial_epoch: int, precision: str,
+                 how: str | None = None) -> str:
+    """An attempt's first line for the driver: the attempt, its workers
+    (``how`` they agree, when given), where it starts and the plan."""
+    cfg = spec.config
+    return (f"attempt {spec.attempt}: {size} workers{f' ({how})' if how else ''}, "
+            f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
+            f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
+            f"{precision})")
 
 
 def rank0_log(rank: int, message: str) -> None:

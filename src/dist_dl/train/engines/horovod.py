@@ -2,7 +2,7 @@
 
 Shipped to the workers by the launcher (``HorovodRunner``), which has already
 set this process's threads, visible GPU and default cycle time. One call of
-:func:`train_worker` is one attempt: devices and precision, the model (built
+:func:`train` is one attempt: devices and precision, the model (built
 once, before Horovod init, so that its size can choose the cycle time), Horovod
 init, the shard of this rank, the scaled and warmed-up learning rate, Horovod's
 DistributedOptimizer, resume from the newest checkpoint (broadcast from rank
@@ -26,11 +26,12 @@ from dist_dl.core import compat
 from dist_dl.core.placement import launcher_place
 from dist_dl.launch import device
 from dist_dl.train.config import TrainConfig
-from dist_dl.train.engines.core import WorkerSpec, input_bound_warner, rank0_log
-from dist_dl.train.engines.keras_common import (build_model, fit_and_log, learning_rate_callback,
-                                                lr_schedule, pin_devices_and_precision,
-                                                rank0_callbacks, training_batches,
-                                                validation_batches, validation_callback)
+from dist_dl.train.engines.core import WorkerSpec, attempt_text, input_bound_warner, rank0_log
+from dist_dl.train.engines.keras_common import (build_model, fit_and_log, keras_runner,
+                                                learning_rate_callback, lr_schedule,
+                                                pin_devices_and_precision, rank0_callbacks,
+                                                training_batches, validation_batches,
+                                                validation_callback)
 
 __all__ = ["train", "runner"]
 
@@ -40,12 +41,8 @@ def runner(cfg: TrainConfig, backend: str, spark):
     from dist_dl.core.quiet import quiet_env
     from dist_dl.launch import HorovodRunner
 
-    # Progress comes through log_to_driver; the workers' own output only with
-    # an error (its last lines), on either backend.
-    return HorovodRunner(np=cfg.num_workers if backend == "spark" else -cfg.num_workers,
-                         timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                         pin_cpus=cfg.pin_cpus, env={**quiet_env(), **cfg.horovod_env()},
-                         spark=spark, driver_log_verbosity="log_callback_only")
+    return keras_runner(HorovodRunner, cfg, backend, spark,
+                        {**quiet_env(), **cfg.horovod_env()})
 
 
 def train(spec: WorkerSpec) -> dict | None:
@@ -108,10 +105,8 @@ def train(spec: WorkerSpec) -> dict | None:
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
     initial_epoch = resume(manager, model)
-    rank0_log(rank, f"attempt {spec.attempt}: {size} workers, "
-               f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
-               f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
-               f"{'mixed' if mixed else 'float32'} precision)")
+    rank0_log(rank, attempt_text(spec, size, initial_epoch,
+                                 f"{'mixed' if mixed else 'float32'} precision"))
     waits = InputWaits()
     train_data = training_batches(spec, reader, rank, size, initial_epoch, waits)
 

@@ -50,10 +50,9 @@ from __future__ import annotations
 from dist_dl.core import compat
 from dist_dl.train.config import TrainConfig
 from dist_dl.train.engines.core import WorkerSpec
-from dist_dl.train.engines.keras_common import (build_model, fit_and_log, start_tf_distribute,
-                                                sum_over_workers,
-                                                tf_distribute_data_and_callbacks,
-                                                tf_distribute_runner)
+from dist_dl.train.engines.keras_common import (build_model, fit_and_log, keras_runner,
+                                                start_tf_distribute, sum_over_workers,
+                                                tf_distribute_data_and_callbacks)
 
 __all__ = ["train", "runner", "synchronize_batch_norm", "agreeing_loss_scale_optimizer"]
 
@@ -63,9 +62,10 @@ def runner(cfg: TrainConfig, backend: str, spark):
     tf.keras and as the library's Keras (:mod:`dist_dl.core.compat`), not the
     launcher's default tf-keras."""
     from dist_dl.core.quiet import quiet_env
+    from dist_dl.launch import TFDistributeRunner
 
-    return tf_distribute_runner(cfg, backend, spark, {**quiet_env(), compat.LEGACY_KERAS_ENV: "0",
-                                                      compat.NATIVE_KERAS_ENV: "3"})
+    return keras_runner(TFDistributeRunner, cfg, backend, spark,
+                        {**quiet_env(), compat.LEGACY_KERAS_ENV: "0", compat.NATIVE_KERAS_ENV: "3"})
 
 
 def train(spec: WorkerSpec) -> dict | None:

@@ -18,14 +18,14 @@ from typing import Callable
 from dist_dl.core import compat
 from dist_dl.core.placement import launcher_place
 from dist_dl.train.config import TrainConfig
-from dist_dl.train.engines.core import (WorkerSpec, drivers_run, input_bound_warner, rank0_log,
-                                        progress_text)
+from dist_dl.train.engines.core import (WorkerSpec, attempt_text, drivers_run,
+                                        input_bound_warner, progress_text, rank0_log)
 
 __all__ = ["pin_devices_and_precision", "build_model", "training_batches", "validation_batches",
-           "lr_schedule", "rank0_callbacks", "fit_and_log", "validation_callback", "learning_rate_callback",
-           "progress_callback", "log_final_model", "start_tf_distribute",
+           "lr_schedule", "rank0_callbacks", "fit_and_log", "validation_callback",
+           "learning_rate_callback", "progress_callback", "log_final_model", "start_tf_distribute",
            "tf_distribute_data_and_callbacks", "same_epoch_everywhere", "sum_over_workers",
-           "tf_distribute_runner"]
+           "keras_runner"]
 
 
 def pin_devices_and_precision(tf, cfg: TrainConfig, local_rank: int) -> bool:
@@ -283,10 +283,8 @@ def tf_distribute_data_and_callbacks(tf, spec: WorkerSpec, strategy, reader, sch
 
     cfg = spec.config
     same_epoch_everywhere(tf, strategy, initial_epoch, size, spec.checkpoint_dir)
-    rank0_log(rank, f"attempt {spec.attempt}: {size} workers ({engine}), "
-               f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
-               f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
-               f"{'mixed' if mixed else 'float32'} precision)")
+    rank0_log(rank, attempt_text(spec, size, initial_epoch,
+                                 f"{'mixed' if mixed else 'float32'} precision", engine))
     # Each worker's own shard, batch_size rows per step: the function is
     # called once on this worker (one input pipeline, one replica).
     waits = InputWaits()
@@ -328,17 +326,16 @@ def same_epoch_everywhere(tf, strategy, epoch: int, size: int, checkpoint_dir: s
 
 def sum_over_workers(tf, strategy, value):
     """``value`` (this worker's) summed over all workers: one all-reduce.
-    Each worker has one replica (checked in :func:`train`)."""
+    Each worker has one replica (checked in :func:`start_tf_distribute`)."""
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: value), axis=None)
 
 
-def tf_distribute_runner(cfg: TrainConfig, backend: str, spark, env: dict):
-    """The runner both tf.distribute engines launch with, ``env`` set in every worker."""
-    from dist_dl.launch import TFDistributeRunner
-
+def keras_runner(runner_class, cfg: TrainConfig, backend: str, spark, env: dict):
+    """``runner_class`` (``HorovodRunner`` or ``TFDistributeRunner``) for
+    ``cfg``'s workers on ``backend``, ``env`` set in every worker."""
     # Progress comes through log_to_driver; the workers' own output only with
     # an error (its last lines), on either backend.
-    return TFDistributeRunner(np=cfg.num_workers if backend == "spark" else -cfg.num_workers,
-                              timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
-                              pin_cpus=cfg.pin_cpus, env=env, spark=spark,
-                              driver_log_verbosity="log_callback_only")
+    return runner_class(np=cfg.num_workers if backend == "spark" else -cfg.num_workers,
+                        timeout=cfg.timeout, threads_per_worker=cfg.threads_per_worker,
+                        pin_cpus=cfg.pin_cpus, env=env, spark=spark,
+                        driver_log_verbosity="log_callback_only")

@@ -28,9 +28,9 @@ from __future__ import annotations
 from dist_dl.core import compat
 from dist_dl.train.config import TrainConfig
 from dist_dl.train.engines.core import WorkerSpec
-from dist_dl.train.engines.keras_common import (build_model, fit_and_log, start_tf_distribute,
-                                                tf_distribute_data_and_callbacks,
-                                                tf_distribute_runner)
+from dist_dl.train.engines.keras_common import (build_model, fit_and_log, keras_runner,
+                                                start_tf_distribute,
+                                                tf_distribute_data_and_callbacks)
 
 __all__ = ["train", "runner"]
 
@@ -38,8 +38,9 @@ __all__ = ["train", "runner"]
 def runner(cfg: TrainConfig, backend: str, spark):
     """:class:`~dist_dl.launch.TFDistributeRunner` for ``cfg``'s workers (Keras 2 as tf.keras)."""
     from dist_dl.core.quiet import quiet_env
+    from dist_dl.launch import TFDistributeRunner
 
-    return tf_distribute_runner(cfg, backend, spark, quiet_env())
+    return keras_runner(TFDistributeRunner, cfg, backend, spark, quiet_env())
 
 
 def train(spec: WorkerSpec) -> dict | None:

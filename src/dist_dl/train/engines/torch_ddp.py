@@ -35,7 +35,8 @@ import os
 import time
 
 from dist_dl.train.config import TrainConfig
-from dist_dl.train.engines.core import WorkerSpec, drivers_run, progress_text, rank0_log
+from dist_dl.train.engines.core import (WorkerSpec, attempt_text, drivers_run, progress_text,
+                                        rank0_log)
 
 __all__ = ["train", "runner", "torch_uses_gpu", "precision"]
 
@@ -151,11 +152,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     manager = CheckpointManager(spec.checkpoint_dir, keep=cfg.keep_checkpoints,
                                 key=spec.checkpoint_key)
     initial_epoch, step = _resume(manager, rank, net, optimizer, scaler, device)
-    rank0_log(rank, f"attempt {spec.attempt}: {size} workers (torch, "
-               f"{'NCCL on ' + torch.cuda.get_device_name(device) if on_gpu else 'Gloo on CPU'}), "
-               f"{'resuming after epoch ' + str(initial_epoch) if initial_epoch else 'starting'}"
-               f" (epochs {cfg.epochs}, {spec.train_steps} steps of {cfg.batch_size} per worker, "
-               f"{_precision_name(autocast_dtype)})")
+    how = "torch, " + ("NCCL on " + torch.cuda.get_device_name(device) if on_gpu else "Gloo on CPU")
+    rank0_log(rank, attempt_text(spec, size, initial_epoch, _precision_name(autocast_dtype), how))
     loader = make_loader(list(spec.train_files), rank, size, cfg.batch_size,
                          training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                          steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
@@ -255,7 +253,7 @@ def _warn_input_bound(rank: int, fraction: float, cfg, on_gpu: bool) -> None:
     from dist_dl.train.timing import input_bound_message
 
     rank0_log(rank, input_bound_message(fraction, gpu_decode=on_gpu and cfg.decode == "cpu",
-                                   decode=cfg.decode))
+                                        decode=cfg.decode))
 
 
 def _validate(ddp, loader, to_device, autocast, device) -> dict:
@@ -360,4 +358,4 @@ class _Progress:
 
     def _report(self, epoch: int, step: int, now: float, logs: dict | None = None) -> None:
         rank0_log(self._rank, progress_text(epoch, self._epochs, step, self._steps, self._done,
-                                       now - self._start, self._global_batch, logs))
+                                            now - self._start, self._global_batch, logs))
