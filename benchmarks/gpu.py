@@ -35,7 +35,11 @@ Writes ``gpu.*`` keys to ``--results`` (``benchmarks/results.json``):
 ``gpu.<setup>.library`` and ``gpu.<setup>.plain`` (images/s per GPU),
 ``gpu.synthetic.library_vs_plain`` (goal >= 0.95), ``gpu.jpeg_gpu.vs_synthetic``
 (goal >= 0.8), ``gpu.jpeg_cpu.vs_synthetic`` and ``gpu.jpeg_cpu.library_vs_plain``,
-each with the GPU's name, the cores and the stack.
+each with the GPU's name, the cores and the stack; and the torch loader alone
+on the machine's cores (``decode="cpu"``, no training): ``gpu.loader.images_per_second``
+(its best thread count), ``gpu.loader.per_core`` (images per CPU-second with a
+thread per core) and ``gpu.loader.vs_decode`` (that against one thread's
+simplejpeg decode-only loop; goal >= 0.8, issue 31's per-core goal).
 
     python3 benchmarks/gpu.py
 """
@@ -280,6 +284,72 @@ def check_decode(shards: str, count: int = 64) -> dict:
             "max_abs": float(diff.max()), "images": count}
 
 
+def _cpu_now() -> float:
+    """CPU seconds of this process, every thread."""
+    return time.process_time()
+
+
+def check_loader(shards: str, batch_size: int, batches: int = 12) -> dict:
+    """The torch loader alone on this machine's cores (``decode="cpu"``, train
+    transforms, one rank): images/s and images per CPU-second at several
+    decoding-thread counts, against one thread's loops over the same JPEGs
+    that only decode (simplejpeg; Pillow) and that decode, crop and resize
+    (``decode_into``): issue 31's per-core figures on a GPU node's cores."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from dist_dl.read import ReaderConfig
+    from dist_dl.read.imaging import crop_draws, decode_into
+    from dist_dl.read.torchdata import make_loader
+
+    config = ReaderConfig(image_size=224)
+    jpegs = pq.read_table(shards, columns=["image"]).column("image").to_pylist()[:256]
+
+    def loop(work) -> float:
+        """Images per CPU-second of ``work(jpeg, i)`` over ``jpegs``, one thread, best of 2."""
+        best = 0.0
+        for _ in range(2):
+            cpu = _cpu_now()
+            for i, jpeg in enumerate(jpegs):
+                work(jpeg, i)
+            best = max(best, len(jpegs) / max(1e-9, _cpu_now() - cpu))
+        return best
+
+    import io
+
+    import simplejpeg
+    from PIL import Image
+
+    def pillow(jpeg, _):
+        with Image.open(io.BytesIO(jpeg)) as image:
+            image.load()
+
+    out = np.empty((224, 224, 3), np.uint8)
+    draws = crop_draws(np.random.default_rng(0), len(jpegs))
+    found = {"decode_simplejpeg": loop(lambda jpeg, _: simplejpeg.decode_jpeg(jpeg)),
+             "decode_pillow": loop(pillow),
+             "decode_into": loop(lambda jpeg, i: decode_into(out, jpeg, config, draws[i],
+                                                             bool(i % 2)))}
+    cores = len(os.sched_getaffinity(0))
+    for threads in sorted({1, max(1, cores // 4), max(1, cores // 2), cores}):
+        loader = make_loader(shards, 0, 1, batch_size, training=True, decode="cpu",
+                             config=config, threads=threads, seed=0,
+                             steps_per_epoch=batches + 2)
+        it = iter(loader)
+        next(it), next(it)
+        wall, cpu = time.perf_counter(), _cpu_now()
+        for _ in range(batches):
+            next(it)
+        wall, cpu = time.perf_counter() - wall, _cpu_now() - cpu
+        it.close()
+        found[f"loader_threads_{threads}"] = {
+            "images_per_second": batches * batch_size / wall,
+            "images_per_cpu_second": batches * batch_size / cpu, "cpu_per_second": cpu / wall}
+    found["loader_vs_decode"] = (found[f"loader_threads_{cores}"]["images_per_cpu_second"]
+                                 / found["decode_simplejpeg"])
+    return found
+
+
 # ------------------------------------------------------------------ main
 
 def _stack() -> dict:
@@ -354,6 +424,8 @@ def main(argv=None) -> int:
         # Last: this process's own CUDA work stays out of the timed runs.
         checks["decode_gpu_vs_cpu"] = check_decode(shards)
         print(f"gpu.py: decode check {checks['decode_gpu_vs_cpu']}", flush=True)
+    checks["loader"] = check_loader(shards, args.batch_size)
+    print(f"gpu.py: loader check {checks['loader']}", flush=True)
     report = {"stack": stack, "checks": checks, "figures": figures, "batch_size": args.batch_size,
               "steps": args.steps, "epochs": args.epochs, "model": "resnet50",
               "seconds": time.perf_counter() - started}
@@ -388,6 +460,16 @@ def publish(report: dict, path: str) -> None:
     ratio("jpeg_gpu.vs_synthetic", "jpeg_gpu.library", "synthetic.library", 0.8)
     ratio("jpeg_cpu.vs_synthetic", "jpeg_cpu.library", "synthetic.library")
     ratio("jpeg_cpu.library_vs_plain", "jpeg_cpu.library", "jpeg_cpu.plain")
+    loader = report["checks"].get("loader")
+    if loader:
+        best = max((v for k, v in loader.items() if k.startswith("loader_threads_")),
+                   key=lambda v: v["images_per_second"])
+        entries["gpu.loader.images_per_second"] = result_entry(
+            [best["images_per_second"]], cpu_per_second=best["cpu_per_second"], **extra)
+        entries["gpu.loader.per_core"] = result_entry(
+            [loader[f"loader_threads_{stack['cores']}"]["images_per_cpu_second"]], **extra)
+        entries["gpu.loader.vs_decode"] = result_entry([loader["loader_vs_decode"]], goal=0.8,
+                                                       **extra)
     publish_results(path, entries, own_prefixes=("gpu.",))
     print(f"gpu.py: {len(entries)} gpu.* keys into {path}", flush=True)
 
