@@ -217,6 +217,10 @@ def test_simplejpeg_and_torch_give_pillows_pixels_and_are_the_path_taken(monkeyp
     # Every full-scale decode went through simplejpeg; crops small enough for a
     # scaled decode (size 64 of these photographs) through Pillow's draft mode.
     assert len(decoded) >= len(jpegs) * 2, len(decoded)
+    # torch resizes in pixel order and returns it: the copy into the batch is a
+    # plain one (a planar result costs a strided copy as dear as the resize).
+    resized = imaging._decode_fast(imaging._fast_path(), jpegs[0], 224, ReaderConfig(), None)
+    assert resized.shape == (224, 224, 3) and resized.flags.c_contiguous, resized.strides
 
 
 @pytest.mark.timeout(120)

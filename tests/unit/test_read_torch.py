@@ -108,6 +108,23 @@ def test_decode_writes_the_resized_crop_into_its_slot_flipped_when_asked():
     assert np.abs(batch[1, ..., 0].astype(int) - batch[1, ..., 2]).max() == 0
 
 
+def test_a_flip_writes_each_pixel_mirrored_with_its_channels_in_order():
+    from dist_dl.read.imaging import _write
+
+    pixels = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
+    out = np.zeros_like(pixels)
+    _write(out, pixels, flip=True)
+    assert np.array_equal(out, pixels[:, ::-1])
+    _write(out, pixels, flip=False)
+    assert np.array_equal(out, pixels)
+    # Strided (a slot of a wider array, a view of a bigger image): numpy's own copy.
+    wide = np.zeros((7, 9, 3), np.uint8)
+    every_other = np.random.default_rng(1).integers(0, 256, (7, 10, 3), dtype=np.uint8)[:, ::2]
+    _write(wide[:, 2:7], every_other, flip=True)
+    assert np.array_equal(wide[:, 2:7], every_other[:, ::-1])
+    assert wide[:, :2].max() == 0 and wide[:, 7:].max() == 0
+
+
 def test_decoding_threads_are_the_worker_s_share_of_the_cores():
     assert decode_threads({"OMP_NUM_THREADS": "3"}) == 3
     import os

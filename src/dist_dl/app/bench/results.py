@@ -17,11 +17,24 @@ GOALS = {"overhead": 0.95, "scaling": 0.85, "scaling_vs_peer": 1.0, "input_headr
          "ensemble_speedup": 1.7, "ensemble_vs_ceiling": 0.9, "reader_ratio": 0.8}
 
 
+def _processor() -> str:
+    """The processor's model name (Linux), "" where it cannot be read: machines
+    of one size with other processors give other figures."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _machine() -> str:
-    """Cores, memory, GPUs and the stack, in one line."""
+    """Cores (and their model), memory, GPUs and the stack, in one line."""
     import platform
 
-    parts = [f"{os.cpu_count()} cores"]
+    parts = [f"{os.cpu_count()} cores" + (f" ({cpu})" if (cpu := _processor()) else "")]
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         parts.append(f"{pages / 2 ** 30:.0f} GiB")
