@@ -119,13 +119,12 @@ def pytest_collection_modifyitems(config, items):
             hosts_tests += 1
         elif item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
-    # The separate hosts' two groups come first: each runs in one test process,
-    # one test after another (about a sixth of the suite's time each), so
-    # started last they would end the run with the other processes idle. Their
-    # drivers run on the hosts, not in the test process, so they leave its
-    # Spark session alone. Then one SparkContext per process: tests on the
-    # standalone cluster replace the local session, so they run last in their
-    # tier and the local ones share one.
+    # The separate hosts' tests come first: a third of the suite's time, in
+    # long tests, so started last they end the run with the other test
+    # processes idle. Their drivers run on the hosts, not in the test process,
+    # so they leave its Spark session alone. Then one SparkContext per process:
+    # tests on the standalone cluster replace the local session, so they run
+    # last in their tier and the local ones share one.
     tiers = {"unit": 0, "integration": 1, "reliability": 2, "hosts": 3}
     items.sort(key=lambda item: (item.get_closest_marker("hosts") is None,
                                  tiers.get(item.path.parent.name, 1),
