@@ -284,11 +284,6 @@ def check_decode(shards: str, count: int = 64) -> dict:
             "max_abs": float(diff.max()), "images": count}
 
 
-def _cpu_now() -> float:
-    """CPU seconds of this process, every thread."""
-    return time.process_time()
-
-
 def check_loader(shards: str, batch_size: int, batches: int = 12) -> dict:
     """The torch loader alone on this machine's cores (``decode="cpu"``, train
     transforms, one rank): images/s and images per CPU-second at several
@@ -309,10 +304,10 @@ def check_loader(shards: str, batch_size: int, batches: int = 12) -> dict:
         """Images per CPU-second of ``work(jpeg, i)`` over ``jpegs``, one thread, best of 2."""
         best = 0.0
         for _ in range(2):
-            cpu = _cpu_now()
+            cpu = time.process_time()
             for i, jpeg in enumerate(jpegs):
                 work(jpeg, i)
-            best = max(best, len(jpegs) / max(1e-9, _cpu_now() - cpu))
+            best = max(best, len(jpegs) / max(1e-9, time.process_time() - cpu))
         return best
 
     import io
@@ -337,10 +332,10 @@ def check_loader(shards: str, batch_size: int, batches: int = 12) -> dict:
                              steps_per_epoch=batches + 2)
         it = iter(loader)
         next(it), next(it)
-        wall, cpu = time.perf_counter(), _cpu_now()
+        wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(batches):
             next(it)
-        wall, cpu = time.perf_counter() - wall, _cpu_now() - cpu
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         it.close()
         found[f"loader_threads_{threads}"] = {
             "images_per_second": batches * batch_size / wall,

@@ -3,6 +3,7 @@
 beside it, and logged with it to MLflow."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -30,8 +31,10 @@ def _processor() -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
 def _machine() -> str:
-    """Cores (and their model), memory, GPUs and the stack, in one line."""
+    """Cores (and their model), memory, GPUs and the stack, in one line (read
+    once per process: every results entry carries it)."""
     import platform
 
     parts = [f"{os.cpu_count()} cores" + (f" ({cpu})" if (cpu := _processor()) else "")]
