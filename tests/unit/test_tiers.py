@@ -79,3 +79,49 @@ def test_every_test_on_the_cluster_of_separate_hosts_is_marked_hosts():
             if asks and not _marked_hosts(node, module_marked):
                 unmarked.append(f"{path.relative_to(TESTS)}::{node.name}")
     assert not unmarked, f"these use the cluster of separate hosts without pytest.mark.hosts: {unmarked}"
+
+
+_GROUPED_CONFTEST = '''
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for i, item in enumerate(items):
+        item.add_marker(pytest.mark.xdist_group(f"g{i % 2}"))
+'''
+
+_GROUPED_TESTS = '''
+import os
+import pytest
+
+@pytest.mark.parametrize("i", range(8))
+def test_case(i):
+    with open(os.path.join(os.path.dirname(__file__), f"ran-{i}"), "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+@pytest.mark.timeout(120)
+def test_xdist_groups_given_at_collection_keep_their_tests_in_one_process(tmp_path):
+    """tests/conftest.py groups tests by cluster with xdist_group markers added
+    at collection, as `make test` runs them (-n, --dist loadgroup): each group
+    must run in one test process, or every process starts a cluster of its
+    own. pytest 9.2 broke this silently (pytest-dev/pytest-xdist#1386): the
+    constraints pin pytest below it until xdist follows."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(_GROUPED_CONFTEST)
+    (tmp_path / "test_grouped.py").write_text(_GROUPED_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
+                           "-q", "-p", "no:cacheprovider", str(tmp_path)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = {i: (tmp_path / f"ran-{i}").read_text() for i in range(8)}
+    for group in (0, 1):
+        processes = {ran[i] for i in range(group, 8, 2)}
+        assert len(processes) == 1, (f"the tests of group g{group} ran in {sorted(processes)}: "
+                                     "xdist_group is not honoured (pytest and pytest-xdist versions?)")
