@@ -22,7 +22,7 @@ from dist_dl.app.databricks import config_from_widgets, read_widgets
 # run) the `local` values apply.
 params = read_widgets({"config": "demo", "train_images": "", "new_images": "",
                        "num_workers": None, "backend": None, "epochs": None, "overrides": ""},
-                      dbutils=globals().get("dbutils"), local={"epochs": 3})
+                      dbutils=globals().get("dbutils"), local={"epochs": 2})
 config = config_from_widgets(params, {"num_workers": "train.num_workers",
                                       "backend": "train.backend", "epochs": "train.epochs"})
 to_dict(config)["train"]

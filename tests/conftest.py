@@ -119,14 +119,16 @@ def pytest_collection_modifyitems(config, items):
             hosts_tests += 1
         elif item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
-    # The separate hosts' tests come first: a third of the suite's time, in
-    # long tests, so started last they end the run with the other test
-    # processes idle. Their drivers run on the hosts, not in the test process,
-    # so they leave its Spark session alone. Then one SparkContext per process:
-    # tests on the standalone cluster replace the local session, so they run
-    # last in their tier and the local ones share one.
+    # Longest first, so that the run does not end on one long test with the
+    # other test processes idle: the separate hosts' tests (a third of the
+    # suite's time; their drivers run on the hosts, so they leave the test
+    # process's Spark session alone), then the other tests marked slow, then
+    # the rest. Then one SparkContext per process: tests on the standalone
+    # cluster replace the local session, so they run last in their tier and
+    # the local ones share one.
     tiers = {"unit": 0, "integration": 1, "reliability": 2, "hosts": 3}
     items.sort(key=lambda item: (item.get_closest_marker("hosts") is None,
+                                 item.get_closest_marker("slow") is None,
                                  tiers.get(item.path.parent.name, 1),
                                  item.get_closest_marker("cluster") is not None))
 
