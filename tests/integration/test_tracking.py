@@ -424,3 +424,62 @@ def test_a_training_worker_logs_into_the_drivers_run_and_never_writes_its_status
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "RUNNING"
     assert run.data.metrics == {"loss": 0.5}
+
+
+_LOGGING_WHILE_PYSPARK_ML_IMPORTS = r'''
+import importlib.abc, importlib.machinery, sys, threading, time
+stalled = threading.Event()
+
+class SlowLoader:
+    """pyspark.ml.param, executed 3 s late: another thread's import of
+    pyspark.ml (a Horovod job starting) caught half-way."""
+    def __init__(self, real):
+        self.real = real
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+    def exec_module(self, module):
+        stalled.set()
+        time.sleep(3)
+        self.real.exec_module(module)
+
+class Stall(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "pyspark.ml.param" or stalled.is_set():
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = SlowLoader(spec.loader)
+        return spec
+
+sys.meta_path.insert(0, Stall())
+import mlflow
+from mlflow.entities import Param
+from dist_dl.tracking.target import mlflow_target
+
+importer = threading.Thread(target=lambda: __import__("pyspark.ml"))
+importer.start()
+stalled.wait(60)
+with mlflow_target(sys.argv[1], "params") as experiment_id:
+    client = mlflow.tracking.MlflowClient()
+    run = client.create_run(experiment_id)
+    client.log_batch(run.info.run_id, params=[Param("epochs", "1")])
+importer.join()
+print("logged", client.get_run(run.info.run_id).data.params)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_parameters_log_while_another_thread_imports_pyspark_ml(tmp_path):
+    """MLflow's Param() reads pyspark.ml.param.Param once "pyspark.ml" is in
+    sys.modules; a driver thread that logs while another thread is half-way
+    through importing pyspark.ml (Horovod's Spark runner starting) failed with
+    "cannot access submodule 'ml' of module 'pyspark'". The logging waits for
+    that import (dist_dl.core.imports)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "race.py"
+    script.write_text(_LOGGING_WHILE_PYSPARK_ML_IMPORTS)
+    done = subprocess.run([sys.executable, str(script), (tmp_path / "mlruns").as_uri()],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "logged {'epochs': '1'}" in done.stdout, done.stdout[-2000:]

@@ -764,7 +764,9 @@ def call(name, fn):
     try:
         results[name] = {"run_id": fn(), "error": None}
     except BaseException as exc:
-        results[name] = {"run_id": None, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        import traceback
+        # The whole traceback: the error alone does not say where.
+        results[name] = {"run_id": None, "error": traceback.format_exc()[-4000:]}
     results[name].update(start=start, end=time.time())
 
 threads = [threading.Thread(target=call, args=item, daemon=True) for item in calls.items()]

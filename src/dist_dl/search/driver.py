@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.integrity import signature_matches as _signature_matches
 from dist_dl.core.optional import require
 from dist_dl.core.redact import redact_secrets
@@ -245,6 +246,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
     for point in grid or ():
         study.enqueue_trial(point)
 
+    spark_ml_imported()  # before any parameter is logged (core.imports)
     client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
     experiment_id = _experiment_id(experiment_name, client)
     parent = client.create_run(experiment_id, run_name=run_name)

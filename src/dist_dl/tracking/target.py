@@ -15,6 +15,7 @@ import contextlib
 import os
 import threading
 
+from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.locations import file_url
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
@@ -167,6 +168,7 @@ def mlflow_target(tracking_uri: str | None = None, experiment_name: str | None =
     """
     import mlflow
 
+    spark_ml_imported()  # before any parameter is logged (core.imports)
     me = threading.get_ident()
     per_thread = runs_per_thread()
     with _STORE:
