@@ -2,6 +2,7 @@
 every worker, so they pickle by reference)."""
 from __future__ import annotations
 
+import glob
 import os
 import resource
 import signal
@@ -56,13 +57,22 @@ def train_steps(steps: int = 3, synchronised: bool = True):
     return hvd_tf.allgather_object([w.tolist() for w in model.get_weights()])
 
 
-def fail_on_rank(fail_rank: int, pid_file: str, message: str, use_horovod: bool = False):
-    """Every rank records its pid and a child's; ``fail_rank`` raises, the
-    others wait (in an allreduce when ``use_horovod``)."""
+def fail_on_rank(fail_rank: int, pid_file: str, message: str, use_horovod: bool = False,
+                 ranks: int = 2):
+    """Every rank (of ``ranks``) records its pid and a child's; ``fail_rank``
+    raises once all have, the others wait (in an allreduce when ``use_horovod``)."""
     child = subprocess.Popen(["sleep", "600"])
     rank = _rank()
-    with open(f"{pid_file}.{rank}", "w") as f:
+    with open(f"{pid_file}.{rank}.tmp", "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
+    os.replace(f"{pid_file}.{rank}.tmp", f"{pid_file}.{rank}")  # whole, or not there
+    if rank == fail_rank:
+        # Every rank has started (and recorded its pids) before this one fails:
+        # on a loaded machine the others can take seconds longer to get here.
+        deadline = time.monotonic() + 60
+        while (len(glob.glob(f"{pid_file}.[0-9]")) < ranks
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
     if use_horovod:
         import horovod.tensorflow as hvd
         import tensorflow as tf
