@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -474,9 +476,6 @@ def test_parameters_log_while_another_thread_imports_pyspark_ml(tmp_path):
     through importing pyspark.ml (Horovod's Spark runner starting) failed with
     "cannot access submodule 'ml' of module 'pyspark'". The logging waits for
     that import (dist_dl.core.imports)."""
-    import subprocess
-    import sys
-
     script = tmp_path / "race.py"
     script.write_text(_LOGGING_WHILE_PYSPARK_ML_IMPORTS)
     done = subprocess.run([sys.executable, str(script), (tmp_path / "mlruns").as_uri()],

@@ -4,7 +4,10 @@ installed); the markers CI selects by are on tests that exist."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,10 +111,6 @@ def test_xdist_groups_given_at_collection_keep_their_tests_in_one_process(tmp_pa
     must run in one test process, or every process starts a cluster of its
     own. pytest 9.2 broke this silently (pytest-dev/pytest-xdist#1386): the
     constraints pin pytest below it until xdist follows."""
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "conftest.py").write_text(_GROUPED_CONFTEST)
     (tmp_path / "test_grouped.py").write_text(_GROUPED_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")

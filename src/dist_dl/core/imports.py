@@ -8,31 +8,23 @@ parameters (a tf.distribute training, an ensemble), the second thread waits
 for ``pyspark.ml.param`` alone and then reads ``pyspark.ml`` off the
 half-imported package: "cannot access submodule 'ml' of module 'pyspark'
 (most likely due to a circular import)". So every driver path of this
-library that logs to MLflow or starts Horovod on Spark calls
-:func:`spark_ml_imported` first: ``pyspark.ml`` is imported whole, once, by
-one thread, and the others wait for it.
+library that logs to MLflow calls :func:`spark_ml_imported` first: importing
+the package itself waits for whichever thread is importing it, until it is
+whole.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-import threading
 
 __all__ = ["spark_ml_imported"]
 
-_LOCK = threading.Lock()
-_DONE = False
 
-
+@functools.lru_cache(maxsize=None)
 def spark_ml_imported() -> None:
     """Return once ``pyspark.ml`` is imported whole (at once where PySpark is
     not installed: nothing then imports it)."""
-    global _DONE
-    if _DONE:
-        return
-    with _LOCK:
-        if not _DONE:
-            try:
-                importlib.import_module("pyspark.ml")
-            except ImportError:
-                pass
-            _DONE = True
+    try:
+        importlib.import_module("pyspark.ml")
+    except ImportError:
+        pass

@@ -15,7 +15,6 @@ import time
 from typing import Any, Callable
 
 from dist_dl.core import compat
-from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
@@ -167,7 +166,6 @@ class SparkBackend:
 
     def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
             sink: DriverSink) -> Any:
-        spark_ml_imported()  # horovod.spark imports pyspark.ml (core.imports)
         import horovod.spark
         from horovod.spark.driver import job_id
 
