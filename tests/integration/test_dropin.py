@@ -122,6 +122,29 @@ def test_tensorflow_lazy_modules_pickle_by_name(tmp_path):
     assert worker.stdout.decode().split()[-1] == expected
 
 
+_LIBRARY_KERAS = """
+from dist_dl.core import compat
+keras = compat.keras()
+from tensorflow.python.autograph.impl import conversion
+print(keras.__name__, conversion.is_allowlisted(keras.Model.train_step))
+"""
+
+
+@pytest.mark.profile_subset
+@pytest.mark.profile_subset_164
+@pytest.mark.timeout(180)
+def test_autograph_leaves_the_library_keras_alone():
+    """The Keras the library trains with is not converted by AutoGraph, tf-keras
+    included (TensorFlow 2.16 converts it: compat.skip_autograph_of_tf_keras)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _LIBRARY_KERAS], capture_output=True, timeout=150)
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    name, allowlisted = run.stdout.decode().split()[-2:]
+    assert (name, allowlisted) == (compat.keras().__name__, "True")
+
+
 @pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
@@ -140,9 +163,12 @@ def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
 def test_workers_get_keras_2_where_keras_3_is_the_default():
     env = HorovodRunner(np=-1).run(workers.keras_in_worker)
     if compat.keras3_default():
-        assert env == ("1", "tf_keras")
+        assert env[:2] == ("1", "tf_keras")
     else:
         assert env[1] != "tf_keras"
+    # AutoGraph converts none of Keras's own functions, tf-keras's included
+    # (TensorFlow 2.16's rules name only `keras`: compat.skip_autograph_of_tf_keras).
+    assert env[2] is True
 
 
 @pytest.mark.profile_subset

@@ -236,10 +236,13 @@ def progress_bar(steps: int = 3):
 
 
 def keras_in_worker():
-    """The worker's TF_USE_LEGACY_KERAS and the package tf.keras comes from."""
+    """The worker's TF_USE_LEGACY_KERAS, the package tf.keras comes from, and
+    whether AutoGraph leaves that package's own functions alone."""
     import tensorflow as tf
+    from tensorflow.python.autograph.impl import conversion
 
-    return os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0]
+    return (os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0],
+            conversion.is_allowlisted(tf.keras.Model.train_step))
 
 
 def keras3_overflow_on_one_worker(agree: bool = True):

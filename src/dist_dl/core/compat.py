@@ -30,6 +30,17 @@ checkpoints, the logged model) builds and saves Keras 3 models there. A
 
 Nothing here imports TensorFlow until asked for a Keras module.
 
+TensorFlow 2.16's AutoGraph (``tensorflow/python/autograph/core/config.py``)
+leaves the ``keras`` package's functions alone but not ``tf_keras``'s: the
+first ``fit``, ``evaluate`` or ``predict`` of a Keras 2 model there converts
+some 1,400 of tf-keras's own functions (about 25 CPU seconds per process for
+a small CNN, against one where AutoGraph skips them: on TensorFlow 2.15, whose
+Keras 2 is the ``keras`` package, and from 2.17, whose rules add
+``DoNotConvert('tf_keras')``). ``skip_autograph_of_tf_keras`` adds
+that rule where it is missing: ``keras()`` does it when it gives ``tf_keras``,
+and workers (``keras_worker_fixes``) do it when their code first imports
+``tf_keras``, through ``tf.keras`` or directly.
+
 One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
 ``as_shallow_dict`` on its settings classes (``shallow_fields``).
 
@@ -60,6 +71,7 @@ import sys
 __all__ = ["LEGACY_KERAS_ENV", "NATIVE_KERAS_ENV", "keras", "keras3_default", "native_keras3",
            "keras3_training_problem",
            "is_keras3_model", "saved_keras_major", "load_keras_file", "worker_env", "patch_horovod_keras",
+           "skip_autograph_of_tf_keras", "keras_worker_fixes",
            "require_tf_keras", "not_a_library_keras_model", "pickle_tensorflow_lazy_modules_by_name",
            "shallow_fields", "mlflow3", "model_name_argument", "logged_model_location"]
 
@@ -114,10 +126,12 @@ def use_worker_env() -> None:
     """In a Spark task that runs user code (an ensemble member's factory, a
     search trial): :func:`worker_env`'s variables, unless set, so that the
     task's first ``tf.keras`` is Keras 2 as in the library's training workers
-    (Keras 3 models do not pickle, and Horovod needs Keras 2). Best effort:
-    a reused Python worker whose ``tf.keras`` was already used keeps it."""
+    (Keras 3 models do not pickle, and Horovod needs Keras 2), and
+    :func:`keras_worker_fixes`. Best effort: a reused Python worker whose
+    ``tf.keras`` was already used keeps it."""
     for name, value in worker_env().items():
         os.environ.setdefault(name, value)
+    keras_worker_fixes()
 
 
 def native_keras3() -> bool:
@@ -134,7 +148,9 @@ def keras():
         return importlib.import_module("keras")
     if keras3_default():
         require_tf_keras()
-        return importlib.import_module("tf_keras")
+        module = importlib.import_module("tf_keras")
+        skip_autograph_of_tf_keras()
+        return module
     import tensorflow as tf
 
     return tf.keras
@@ -241,17 +257,46 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _after_import(names, fix) -> None:
+    """Run ``fix(module)`` on each of ``names`` now if imported, else right
+    after its first import (once per ``fix`` and process)."""
+    for name in names:
+        if name in sys.modules:
+            fix(sys.modules[name])
+    if not any(isinstance(f, _AfterImport) and f.fix is fix for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(names, fix))
+
+
 def patch_horovod_keras() -> None:
     """Give ``horovod.tensorflow.keras`` (and its callbacks) Keras 2's backend
     where Keras 3 is the default: now if imported, else when imported.
     A no-op on TensorFlow lines with Keras 2."""
-    if not keras3_default():
+    if keras3_default():
+        _after_import(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend)
+
+
+def skip_autograph_of_tf_keras(module=None) -> None:
+    """Have AutoGraph leave tf-keras's own functions alone, as it does the
+    ``keras`` package's, where this TensorFlow's rules do not (2.16; see the
+    module's docstring). Idempotent; imports nothing that is not imported
+    (``module``: the tf_keras module, when called as an import hook)."""
+    config = sys.modules.get("tensorflow.python.autograph.core.config")
+    config_lib = sys.modules.get("tensorflow.python.autograph.core.config_lib")
+    if config is None or config_lib is None:
         return
-    for name in _HOROVOD_KERAS_MODULES:
-        if name in sys.modules:
-            _point_at_keras2_backend(sys.modules[name])
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend))
+    if not any(rule.matches("tf_keras") for rule in config.CONVERSION_RULES
+               if isinstance(rule, config_lib.DoNotConvert)):
+        config.CONVERSION_RULES = (*config.CONVERSION_RULES, config_lib.DoNotConvert("tf_keras"))
+
+
+def keras_worker_fixes() -> None:
+    """What a process running Keras code for the library (a training worker,
+    an ensemble member's or a search trial's Spark task) needs before that
+    code first imports Horovod's Keras integration or tf-keras: Keras 2's
+    backend for Horovod, and AutoGraph's rule for tf-keras."""
+    patch_horovod_keras()
+    if keras3_default():
+        _after_import(("tf_keras",), skip_autograph_of_tf_keras)
 
 
 def _lazy_module(parent: str, name: str):

@@ -141,7 +141,8 @@ def check_gloo_host_address(env) -> None:
 
 def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
     """Apply the Horovod fixes, the extra env, the CPU cycle-time default and
-    the device plan to os.environ.
+    the device plan to os.environ, and the Keras fixes
+    (``compat.keras_worker_fixes``) to this process.
 
     Must run before TensorFlow is imported in this process: thread counts and
     visible GPUs are read once, when TensorFlow initialises (and the cycle
@@ -179,7 +180,7 @@ def prepare_environment(options: WorkerOptions) -> device.DevicePlan:
             os.environ[name] = value
     if plan.cpus:
         os.sched_setaffinity(0, plan.cpus)
-    compat.patch_horovod_keras()
+    compat.keras_worker_fixes()
     return plan
 
 
