@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above)
 
+# Ends a test that outlives its timeout where pytest-timeout's signal cannot act.
+pytest_plugins = ["backstop"]
+
 
 def pytest_configure(config):
     """Every Spark driver JVM started from here or from a child process
@@ -32,6 +35,7 @@ def pytest_configure(config):
         jvm.ensure_class_archive()
     for key, value in jvm.driver_env().items():
         os.environ.setdefault(key, value)
+
 
 # The tiers (pytest.ini's testpaths runs them in this order):
 #   unit/         no Spark, no training, no worker process; runs in the light

@@ -124,3 +124,59 @@ def test_xdist_groups_given_at_collection_keep_their_tests_in_one_process(tmp_pa
         processes = {ran[i] for i in range(group, 8, 2)}
         assert len(processes) == 1, (f"the tests of group g{group} ran in {sorted(processes)}: "
                                      "xdist_group is not honoured (pytest and pytest-xdist versions?)")
+
+
+_TIMED_OUT_TESTS = """
+import signal
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(1)
+def test_sleeps():
+    time.sleep(30)
+
+
+def test_after():
+    pass
+
+
+@pytest.mark.timeout(1)
+def test_stuck():
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])  # as in C code: the signal waits
+    time.sleep(30)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_timed_out_test_fails_with_its_traceback_and_a_stuck_one_leaves_its_stacks(tmp_path):
+    """pytest.ini's timeout method fails a test that outlives its timeout
+    with its traceback and lets the run go on (the thread method ends the
+    whole test process, and under xdist its stacks were lost); a test stuck
+    where the signal cannot act is ended by tests/support/backstop.py, which
+    leaves every thread's stack in the run's output."""
+    import configparser
+
+    ini = configparser.ConfigParser()
+    ini.read(TESTS.parent / "pytest.ini")
+    method = ini["pytest"]["timeout_method"]
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["backstop"]\n')
+    (tmp_path / "test_timed_out.py").write_text(_TIMED_OUT_TESTS)
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\ntimeout_method = {method}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=str(TESTS / "support"), TESTS_BACKSTOP_S="2")
+
+    def run(*tests):
+        return subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--max-worker-restart",
+                               "0", "-p", "no:cacheprovider", *tests], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=100)
+
+    timed_out = run("test_timed_out.py::test_sleeps", "test_timed_out.py::test_after")
+    out = timed_out.stdout + timed_out.stderr
+    assert "1 failed, 1 passed" in out, out[-3000:]
+    assert "Timeout (>1.0s) from pytest-timeout" in out and "time.sleep(30)" in out, out[-3000:]
+    stuck = run("test_timed_out.py::test_stuck")
+    out = stuck.stdout + stuck.stderr
+    assert "crashed while running 'test_timed_out.py::test_stuck'" in out, out[-3000:]
+    assert "in test_stuck" in out, f"no stack of the stuck test in the output: {out[-3000:]}"
