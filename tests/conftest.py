@@ -126,15 +126,20 @@ def pytest_collection_modifyitems(config, items):
     # Longest first, so that the run does not end on one long test with the
     # other test processes idle: the separate hosts' tests (a third of the
     # suite's time; their drivers run on the hosts, so they leave the test
-    # process's Spark session alone), then the other tests marked slow, then
-    # the rest. Then one SparkContext per process: tests on the standalone
-    # cluster replace the local session, so they run last in their tier and
-    # the local ones share one.
+    # process's Spark session alone), then the other tests marked slow (the
+    # fault scenarios, which restart jobs, before the integration tests),
+    # then the rest. Then one SparkContext per process: tests on the
+    # standalone cluster replace the local session, so they run last in their
+    # tier and the local ones share one.
     tiers = {"unit": 0, "integration": 1, "reliability": 2, "hosts": 3}
-    items.sort(key=lambda item: (item.get_closest_marker("hosts") is None,
-                                 item.get_closest_marker("slow") is None,
-                                 tiers.get(item.path.parent.name, 1),
-                                 item.get_closest_marker("cluster") is not None))
+
+    def order(item):
+        slow = item.get_closest_marker("slow") is not None
+        tier = tiers.get(item.path.parent.name, 1)
+        return (item.get_closest_marker("hosts") is None, not slow, -tier if slow else tier,
+                item.get_closest_marker("cluster") is not None)
+
+    items.sort(key=order)
 
 
 @pytest.hookimpl(hookwrapper=True)
