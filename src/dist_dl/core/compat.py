@@ -294,8 +294,8 @@ def keras_worker_fixes() -> None:
     an ensemble member's or a search trial's Spark task) needs before that
     code first imports Horovod's Keras integration or tf-keras: Keras 2's
     backend for Horovod, and AutoGraph's rule for tf-keras."""
-    patch_horovod_keras()
     if keras3_default():
+        _after_import(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend)
         _after_import(("tf_keras",), skip_autograph_of_tf_keras)
 
 
