@@ -18,12 +18,13 @@
 #   make bundle databricks.yml from jobs/*.json (the jobs' one source)
 #   make docs   build the documentation site into site/ (strict: a broken link or reference fails)
 # A second run reuses .venv (the stamp below) and starts in seconds.
-# PROFILE=dbr-15.4-ml does the same with Databricks Runtime 15.4 LTS ML's versions
-# (constraints/dbr-15.4-ml.txt) in .venv-dbr-15.4-ml; PROFILE=dbr-16.4-ml with
-# Databricks Runtime 16.4 LTS ML's (constraints/dbr-16.4-ml.txt: no Horovod, no
-# Petastorm) in .venv-dbr-16.4-ml; PROFILE=dbr-17.3-ml with Databricks Runtime
-# 17.3 LTS ML's (constraints/dbr-17.3-ml.txt: Spark 4, numpy 2, MLflow 3, no Horovod,
-# no Petastorm) in .venv-dbr-17.3-ml.
+# The default profile is Databricks Runtime 15.4 LTS ML's Python stack
+# (constraints/dbr-15.4-ml.txt, CPU builds): the last runtime with Horovod, so
+# every test of the suite runs on it; PROFILE=dbr-15.4-ml names the same profile.
+# PROFILE=dbr-16.4-ml installs Databricks Runtime 16.4 LTS ML's
+# (constraints/dbr-16.4-ml.txt: no Horovod, no Petastorm) in .venv-dbr-16.4-ml;
+# PROFILE=dbr-17.3-ml Databricks Runtime 17.3 LTS ML's (constraints/dbr-17.3-ml.txt:
+# Spark 4, numpy 2, MLflow 3, no Horovod, no Petastorm) in .venv-dbr-17.3-ml.
 
 PYTHON  ?= python3
 PROFILE ?=
@@ -34,22 +35,13 @@ GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod wa
 AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
               assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
-ifeq ($(PROFILE),)
+ifeq ($(filter-out dbr-15.4-ml,$(PROFILE)),)
 VENV        := .venv
-CONSTRAINTS := constraints.txt
-# horovod.spark.run is the Spark backend off Databricks; [spark] brings its pins.
-HOROVOD     := 'horovod[spark]'
-EXTRAS      := local,petastorm,delta,samples,dev
-BUILD_FIRST := tensorflow-cpu
-NO_DEPS     :=
-CHECK       := $(GLOO_CHECK)
-else ifeq ($(PROFILE),dbr-15.4-ml)
-VENV        := .venv-dbr-15.4-ml
 CONSTRAINTS := constraints/dbr-15.4-ml.txt
-# The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11), and with it the
-# `local` extra: its parts are installed by name.
+# The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11); horovod.spark.run,
+# the Spark backend off Databricks, needs only PySpark, which the `local` extra brings.
 HOROVOD     := horovod
-EXTRAS      := petastorm,delta,samples,dev
+EXTRAS      := local,petastorm,delta,samples,dev
 BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
@@ -67,11 +59,15 @@ BUILD_FIRST := tensorflow-cpu keras pyspark
 NO_DEPS     := tf-keras
 CHECK       := $(AUTO_CHECK)
 else
-$(error PROFILE=$(PROFILE) is not a profile: leave it unset, or use dbr-15.4-ml, dbr-16.4-ml or dbr-17.3-ml)
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset (dbr-15.4-ml), or use dbr-16.4-ml or dbr-17.3-ml)
 endif
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
+# An environment's stamp names the profile it holds. One that holds another
+# profile's stamp (a checkout whose default profile changed) is made anew:
+# installing over it would keep a Horovod built against another TensorFlow.
+STAMP  := $(VENV)/.installed-$(or $(PROFILE),dbr-15.4-ml)
+FRESH   = test -e $(1) || ! ls $(dir $(1)).installed* >/dev/null 2>&1 || rm -rf $(dir $(1))
 # Horovod is built from source: TensorFlow and Gloo only (no MPI, no GPU here;
 # a Databricks GPU runtime ships its own build with NCCL). Its setup.py runs the
 # first `cmake` on PATH: the environment's bin comes first, so the pinned cmake
@@ -95,6 +91,7 @@ XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-rest
 install: $(STAMP)
 
 $(STAMP): $(CONSTRAINTS) setup.py
+	$(call FRESH,$(STAMP))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
@@ -114,9 +111,10 @@ $(STAMP): $(CONSTRAINTS) setup.py
 # them fails here: it belongs in tests/integration).
 UNIT_VENV  := $(VENV)-unit
 UNIT_PY    := $(UNIT_VENV)/bin/python
-UNIT_STAMP := $(UNIT_VENV)/.installed
+UNIT_STAMP := $(UNIT_VENV)/$(notdir $(STAMP))
 
 $(UNIT_STAMP): $(CONSTRAINTS) setup.py
+	$(call FRESH,$(UNIT_STAMP))
 	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
 	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools

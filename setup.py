@@ -1,12 +1,12 @@
 """dist_dl: distributed deep learning on Spark (Horovod, Petastorm, MLflow).
 
 Ranges here are what the library needs; the exact versions known to work
-together are pinned in constraints.txt (the default profile) and
-constraints/dbr-*.txt (Databricks Runtimes 15.4, 16.4 and 17.3 LTS ML; their
-tf-keras is installed by the Makefile: its metadata requires the full
-`tensorflow`, not tensorflow-cpu). numpy 2 and MLflow 3 are in range:
-runtime 17.3 LTS ML has numpy 2.1 and MLflow 3.0 (profile dbr-17.3-ml), the
-default profile pins numpy 1.26 and MLflow 2.22, and the library runs on both
+together are pinned in constraints/dbr-*.txt (Databricks Runtimes 15.4, the
+default profile, 16.4 and 17.3 LTS ML; their tf-keras is installed by the
+Makefile: its metadata requires the full `tensorflow`, not tensorflow-cpu).
+numpy 2 and MLflow 3 are in range: runtime 17.3 LTS ML has numpy 2.1 and
+MLflow 3.0 (profile dbr-17.3-ml), 15.4 has numpy 1.23 and MLflow 2.13, and the
+library runs on both
 (MLflow's differences in dist_dl.core.compat). TensorFlow, Horovod and PySpark are not
 hard requirements: a Databricks ML runtime ships its own (GPU) builds, and a
 pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
@@ -39,10 +39,10 @@ setup(
     ],
     extras_require={
         # What a machine without a Databricks runtime needs; horovod must be
-        # built with Gloo (see the Makefile for the flags). The dbr-15.4-ml
-        # profile installs these by name instead: its pyarrow 14 rules out
-        # horovod[spark].
-        "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod[spark]==0.28.1"],
+        # built with Gloo (see the Makefile for the flags). Not horovod[spark]:
+        # its pyarrow<11 rules out every runtime's pyarrow (14 and later), and
+        # horovod.spark.run needs only PySpark.
+        "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod==0.28.1"],
         "delta": ["deltalake>=1.0"],
         # Petastorm's reader (reader="petastorm"; "auto" uses it where it
         # imports). Not a hard requirement: runtimes 16.4 and 17.3 LTS ML ship

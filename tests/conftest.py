@@ -44,10 +44,11 @@ def pytest_configure(config):
 #   reliability/  faults injected into real jobs (records: tests/support/scenarios.py)
 #   hosts/        the cluster of separate hosts (tests/support/host_cluster.py)
 # Markers, set in the test files: `slow` (over a minute on 2 cores: `make
-# test-fast` leaves them out), `profile_subset` and `profile_subset_164` (what
-# CI also runs on the runtime profiles: of the modules where the code meets the
-# libraries a profile changes, every test not marked slow, and a few slow
-# ones; the unit tier runs whole on every profile; docs/guides/profiles.md).
+# test-fast` leaves them out), `profile_subset_164` (what CI also runs on the
+# runtime profiles dbr-16.4-ml and dbr-17.3-ml: of the modules where the code
+# meets the libraries a profile changes, every test not marked slow, and a few
+# slow ones; the unit tier runs whole on every profile; docs/guides/profiles.md).
+# The default profile (dbr-15.4-ml) runs every test.
 
 
 # Tests that need a module the library treats as optional (Horovod, Petastorm)
@@ -111,7 +112,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.needs(module))
         if item.path.parent.name == "unit":
             # The unit tier is quick: every runtime profile runs all of it.
-            item.add_marker(pytest.mark.profile_subset)
             item.add_marker(pytest.mark.profile_subset_164)
         if item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)

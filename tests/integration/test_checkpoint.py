@@ -16,7 +16,6 @@ from dist_dl.train.checkpoint_loop import CheckpointCallback, resume
 from keras_models import tiny_classifier as _model
 import keras_models
 
-pytestmark = [pytest.mark.profile_subset]
 
 # Ship this module's worker functions (and the model they build) to Horovod
 # workers by value.

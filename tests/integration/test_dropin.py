@@ -21,7 +21,6 @@ cloudpickle.register_pickle_by_value(workers)
 cloudpickle.register_pickle_by_value(dbx_examples)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.slow
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(240)
@@ -43,7 +42,6 @@ def test_databricks_mnist_example_trains_with_horovod_callbacks(tmp_path, capsys
 
 
 # Spark tasks, Petastorm and two Horovod workers: 210-300 s at load 10-20.
-@pytest.mark.profile_subset
 @pytest.mark.slow
 @pytest.mark.needs("petastorm")
 @pytest.mark.needs("horovod.tensorflow")
@@ -101,7 +99,6 @@ print(type(model).__module__.split(".")[0])
 
 # Two processes import TensorFlow, one after the other (each up to a minute on
 # a loaded 2-core machine).
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.slow
 @pytest.mark.timeout(300)
@@ -130,7 +127,6 @@ print(keras.__name__, conversion.is_allowlisted(keras.Model.train_step))
 """
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(180)
 def test_autograph_leaves_the_library_keras_alone():
@@ -145,7 +141,6 @@ def test_autograph_leaves_the_library_keras_alone():
     assert (name, allowlisted) == (compat.keras().__name__, "True")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
     monkeypatch.setattr(compat, "keras3_default", lambda: True)
@@ -157,7 +152,6 @@ def test_missing_tf_keras_is_named_with_its_install(monkeypatch):
     assert compat.worker_env() == {}
 
 
-@pytest.mark.profile_subset
 @pytest.mark.slow
 @pytest.mark.needs("horovod.tensorflow")
 def test_workers_get_keras_2_where_keras_3_is_the_default():
@@ -171,7 +165,6 @@ def test_workers_get_keras_2_where_keras_3_is_the_default():
     assert env[2] is True
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -184,7 +177,6 @@ def test_np_below_zero_streams_output_unless_told_otherwise(capsys):
     assert "[1] hi from rank 1" in out and "plain stdout line" not in out
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -194,7 +186,6 @@ def test_log_to_driver_cuts_messages_at_4000_characters(capsys):
     assert line == "[0] " + "x" * 4000
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -260,7 +251,6 @@ class HorovodRunner:
 '''
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)

@@ -112,7 +112,6 @@ def _net_factory(package: str):
 small_net = _net_factory("tf.keras")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.slow
 @pytest.mark.timeout(240)
@@ -154,7 +153,6 @@ def test_keras_members_averaged(spark, tmp_path, package):
     assert expected <= pinned
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_impossible_memory_limit_fails_before_training(spark, tmp_path):
     from sklearn.datasets import load_breast_cancer
@@ -170,7 +168,6 @@ def test_impossible_memory_limit_fails_before_training(spark, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing logged: it failed before training
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_arguments_are_checked_on_the_driver(spark):
     df = spark.createDataFrame(pd.DataFrame({"a": [1.0, 2.0], "s": ["x", "y"], "label": [0, 1]}))
@@ -218,7 +215,6 @@ def test_input_is_evaluated_once_and_every_row_is_accounted_for(spark, tmp_path)
     assert ens.class_names == (0, 1) and ens.score > 0.85
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_null_labels_fail_before_training_and_release_the_cache(spark, tmp_path):
     rows = [(float(i), None if i == 0 else i % 2) for i in range(40)]
@@ -231,7 +227,6 @@ def test_null_labels_fail_before_training_and_release_the_cache(spark, tmp_path)
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_memory_hint_comes_from_the_counted_partitions(spark, tmp_path):
     import re
@@ -254,7 +249,6 @@ def test_memory_hint_comes_from_the_counted_partitions(spark, tmp_path):
     assert _persisted(spark) == before
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_members_folder_is_removed_when_training_fails(spark, tmp_path):
     def broken():

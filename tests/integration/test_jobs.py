@@ -18,7 +18,7 @@ import pytest
 from jobs_fixtures import job_file, wheel, workspace  # noqa: F401 (fixtures)
 from dist_dl.app.databricks.jobs import main
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.profile_subset, pytest.mark.profile_subset_164]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.profile_subset_164]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
@@ -40,7 +40,7 @@ def _make_wheel(tmp_path) -> Path:
         return {n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info")}
 
     shutil.copytree(ROOT, checkout, ignore=ignore)
-    stamp = checkout / ".venv" / ".installed"  # up to date: make installs nothing
+    stamp = checkout / ".venv" / ".installed-dbr-15.4-ml"  # up to date: make installs nothing
     stamp.parent.mkdir()
     stamp.touch()
     # The default profile's names (.venv and its stamp above), whatever profile

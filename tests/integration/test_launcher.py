@@ -44,7 +44,6 @@ def _check_allreduce(gathered):
         assert summed == EXPECTED_SUM, f"rank {rank} got {summed}"
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -52,7 +51,6 @@ def test_allreduce_local_processes(engine):
     _check_allreduce(RUNNERS[engine](np=-2).run(ALLREDUCE[engine]))
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.slow
 @engines
@@ -64,7 +62,6 @@ def test_allreduce_local_spark(spark, engine):
     _check_allreduce(runner.run(ALLREDUCE[engine]))
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(180)
@@ -135,7 +132,6 @@ def _assert_gone_within(pids, seconds=10.0):
         raise AssertionError(f"processes still running {seconds:g} s after the job: {left}")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(120)
 def test_tf_keras_fit_keeps_weights_identical_on_all_ranks():
@@ -158,7 +154,6 @@ def _docs_example(page: str, heading: str) -> dict:
     return namespace
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(150)
 def test_docs_tf_distribute_example(capsys):
@@ -169,7 +164,6 @@ def test_docs_tf_distribute_example(capsys):
     assert "[0] rank 0: accuracy" in out and "[1] rank 1: accuracy" in out
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -189,7 +183,6 @@ def test_worker_exception_names_rank_and_leaves_no_process(tmp_path, engine):
     _assert_gone_within(pids)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.slow
 @engines
@@ -208,7 +201,6 @@ def test_worker_exception_on_spark(spark, tmp_path, engine):
     _assert_gone_within(pids)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -219,7 +211,6 @@ def test_worker_killed_by_signal_is_named(engine):
     assert "SIGKILL" in str(info.value) and "about to die" in str(info.value)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(60)
 def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
@@ -238,7 +229,6 @@ def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
     assert procs.wait(None) == ((0, 1), False)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -269,7 +259,6 @@ def test_more_processes_than_slots_fails_fast(spark, engine):
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -281,7 +270,6 @@ def test_log_to_driver_only(capsys, engine):
     assert "plain stdout line" not in out
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(120)
@@ -293,7 +281,6 @@ def test_verbosity_all_prefixes_every_line_with_rank(capsys, engine):
     assert "[1] hi from rank 1" in out
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @engines
 @pytest.mark.timeout(180)
@@ -306,7 +293,6 @@ def test_output_on_spark_is_rank_prefixed(spark, capsys, engine):
         assert f"[{rank}] via spark from rank {rank}" in out
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_tf_ports_are_distinct_free_and_below_the_ephemeral_range():
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
@@ -317,7 +303,6 @@ def test_tf_ports_are_distinct_free_and_below_the_ephemeral_range():
     assert not set(pick_ports(2, exclude=set(ports))) & set(ports)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_tf_output_server_needs_the_job_token():
     import socket
@@ -349,7 +334,6 @@ def test_tf_output_server_needs_the_job_token():
     assert list(sink.tails[1]) == ["[1]<stdout>:hello"]
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_engine_choice():
     try:
@@ -363,7 +347,6 @@ def test_engine_choice():
         select_backend(-2, engine="mpi")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
     """Where Horovod is not installed (Databricks Runtime 16.0 ML and later),
@@ -375,7 +358,6 @@ def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
     assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -388,7 +370,6 @@ def test_threads_env_and_pinning():
         assert cpus == [sorted(os.sched_getaffinity(0))[0]] or len(cpus) == 1
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -402,7 +383,6 @@ def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -418,7 +398,6 @@ def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(120)
@@ -463,7 +442,6 @@ def test_idle_worker_does_not_spin(monkeypatch):
     assert ours_cost < control_cost, (ours, control)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_bad_arguments_fail_before_any_worker_starts():
     with pytest.raises(ValueError, match="np must be a non-zero integer"):
@@ -498,7 +476,6 @@ class HorovodRunner:
 '''
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(60)
 def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
@@ -554,7 +531,6 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
             select_backend(4)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
     """A worker that ends because Gloo waited past its timeout for another
@@ -586,7 +562,6 @@ def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
     assert "Gloo" not in str(failure_from(plain, (0, 139), timeout=None)).splitlines()[0]
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(30)
 def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_line():
@@ -621,7 +596,6 @@ def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_lin
         "worker rank 0 on host worker2 failed: ValueError: bad label 11")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.needs("horovod.spark")
 @pytest.mark.timeout(180)
 def test_a_module_shipped_with_add_py_file_imports_in_horovod_workers(spark, tmp_path):

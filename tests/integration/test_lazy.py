@@ -5,7 +5,7 @@ the caller as itself, not as "cannot import name"."""
 import pytest
 
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.profile_subset, pytest.mark.profile_subset_164]  # the last test imports TensorFlow
+pytestmark = [pytest.mark.timeout(120), pytest.mark.profile_subset_164]  # the last test imports TensorFlow
 
 
 def test_the_library_schedule_is_defined_on_first_use():

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.profile_subset]
 
 ROOT = Path(__file__).parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))

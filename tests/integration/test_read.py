@@ -49,7 +49,6 @@ def tree_shards(tmp_path_factory):
     return write_tree_shards(str(tmp_path_factory.mktemp("tree")))
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("training", [True, False])
@@ -67,7 +66,6 @@ def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, train
     assert -3 < image.mean() < 3  # normalised, not raw 0..255
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
 def test_evaluation_order_is_repeatable(tree_shards, reader):
@@ -83,7 +81,6 @@ def test_evaluation_order_is_repeatable(tree_shards, reader):
                                                              config=config, training=False)]
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
 def test_uint8_pixels_through_the_models_first_layer_are_the_normalised_images(tree_shards):
@@ -147,7 +144,6 @@ def test_input_waits_are_the_consumers_waits_for_each_batch(tree_shards):
     assert statistics.median(waits.waited[1:]) < 0.02, waits.waited
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("petastorm")
 @pytest.mark.timeout(600)
@@ -169,7 +165,6 @@ def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
     assert sorted(ids) == sorted(written)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path, reader):
     from deltalake import DeltaTable
@@ -194,7 +189,6 @@ def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path
     assert len(_seen_once(_epoch(table, 0, 1, 2, reader, version=1, training=False))) == 10
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
 def test_delta_through_spark_reads_back(spark, tmp_path, reader):
@@ -222,7 +216,6 @@ def _handmade(path, sizes):
     return str(path)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
 def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path, reader):
@@ -241,7 +234,6 @@ def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path, reade
         steps_per_epoch(url, 2, 4, policy="drop")
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
 def test_cache_serves_later_epochs_from_local_disk(tmp_path, reader):
@@ -259,7 +251,6 @@ def test_cache_serves_later_epochs_from_local_disk(tmp_path, reader):
         next(it)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_driver_side_errors_name_the_problem_and_the_fix(tmp_path):
     url = str(tmp_path / "syn")
@@ -291,7 +282,6 @@ def test_driver_side_errors_name_the_problem_and_the_fix(tmp_path):
         ReaderConfig(image_size=0)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.needs("petastorm")
 @pytest.mark.timeout(600)
@@ -316,7 +306,6 @@ def test_both_readers_give_each_rank_the_same_rows_and_steps_every_epoch(tree_sh
     assert sorted(rows["arrow", 0][0] | rows["arrow", 1][0]) == sorted(written)
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 def test_arrow_row_group_order_is_seeded_per_epoch(tree_shards):
     import numpy as np
@@ -336,7 +325,6 @@ def test_arrow_row_group_order_is_seeded_per_epoch(tree_shards):
     assert sorted(map(tuple, order(7, 0))) == sorted(map(tuple, plan_order))
 
 
-@pytest.mark.profile_subset
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(120)
 def test_a_resumed_arrow_reader_continues_the_row_group_orders(tree_shards):

@@ -7,7 +7,7 @@ import pytest
 from dist_dl.core import compat
 from dist_dl.train.schedule import WarmupScaledSchedule
 
-pytestmark = [pytest.mark.profile_subset, pytest.mark.profile_subset_164]
+pytestmark = [pytest.mark.profile_subset_164]
 
 
 def test_values_rise_linearly_then_stay_scaled():

@@ -19,7 +19,7 @@ from dist_dl.tracking import (ImagePreprocessing, KerasImageClassifier, MlflowEp
                               log_tensorboard)
 from without_dist_dl import predict_without_dist_dl
 
-pytestmark = [pytest.mark.profile_subset, pytest.mark.profile_subset_164]
+pytestmark = [pytest.mark.profile_subset_164]
 
 SPEC = ImagePreprocessing(image_size=(24, 24), channels=3, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 

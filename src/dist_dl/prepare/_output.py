@@ -3,8 +3,9 @@
 Delta without Spark's Delta jars: the data files are plain Parquet written by
 Spark or pyarrow, then committed to the Delta log with delta-rs
 (``deltalake``) add actions. delta-rs' own ``write_deltalake`` is not used:
-it takes Arrow data through the PyCapsule interface, which pyarrow 10 (pinned
-by horovod[spark]) does not have, and its pyarrow extra needs pyarrow>=21.
+it takes Arrow data through the PyCapsule interface, which pyarrow before 14
+does not have (setup.py admits 10), and its pyarrow extra needs pyarrow>=21
+(the runtimes have 14 to 19).
 Committing files we wrote ourselves also keeps our row-group layout.
 """
 from __future__ import annotations
