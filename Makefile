@@ -28,6 +28,10 @@
 
 PYTHON  ?= python3
 PROFILE ?=
+DEFAULT_PROFILE := dbr-15.4-ml
+# The profile meant (unset: the default), whose pins are constraints/<profile>.txt.
+PROFILE_NAME := $(or $(PROFILE),$(DEFAULT_PROFILE))
+CONSTRAINTS  := constraints/$(PROFILE_NAME).txt
 # What the install checks last: Horovod built with Gloo where a profile has it;
 # where it has neither Horovod nor Petastorm, that the library picks tf.distribute
 # and the pyarrow reader by itself (engine and reader "auto").
@@ -35,9 +39,8 @@ GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod wa
 AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
               assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
-ifeq ($(filter-out dbr-15.4-ml,$(PROFILE)),)
+ifeq ($(PROFILE_NAME),$(DEFAULT_PROFILE))
 VENV        := .venv
-CONSTRAINTS := constraints/dbr-15.4-ml.txt
 # The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11); horovod.spark.run,
 # the Spark backend off Databricks, needs only PySpark, which the `local` extra brings.
 HOROVOD     := horovod
@@ -48,7 +51,6 @@ NO_DEPS     := tf-keras
 CHECK       := $(GLOO_CHECK)
 else ifneq ($(filter $(PROFILE),dbr-16.4-ml dbr-17.3-ml),)
 VENV        := .venv-$(PROFILE)
-CONSTRAINTS := constraints/$(PROFILE).txt
 # Runtimes 16.4 and 17.3 have neither Horovod nor Petastorm: nothing is built
 # from source, and the library picks tf.distribute and the pyarrow reader by itself.
 # They ship PyTorch: the `torch` extra (TorchDistributor), a CPU build here.
@@ -59,14 +61,14 @@ BUILD_FIRST := tensorflow-cpu keras pyspark
 NO_DEPS     := tf-keras
 CHECK       := $(AUTO_CHECK)
 else
-$(error PROFILE=$(PROFILE) is not a profile: leave it unset (dbr-15.4-ml), or use dbr-16.4-ml or dbr-17.3-ml)
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset ($(DEFAULT_PROFILE)), or use dbr-16.4-ml or dbr-17.3-ml)
 endif
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # An environment's stamp names the profile it holds. One that holds another
 # profile's stamp (a checkout whose default profile changed) is made anew:
 # installing over it would keep a Horovod built against another TensorFlow.
-STAMP  := $(VENV)/.installed-$(or $(PROFILE),dbr-15.4-ml)
+STAMP  := $(VENV)/.installed-$(PROFILE_NAME)
 FRESH   = test -e $(1) || ! ls $(dir $(1)).installed* >/dev/null 2>&1 || rm -rf $(dir $(1))
 # Horovod is built from source: TensorFlow and Gloo only (no MPI, no GPU here;
 # a Databricks GPU runtime ships its own build with NCCL). Its setup.py runs the
