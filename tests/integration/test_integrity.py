@@ -45,7 +45,7 @@ def _members(tmp_path, count=2):
     members = []
     for i in range(count):
         blob = pickle.dumps(DecisionTreeClassifier(random_state=i).fit(x, np.arange(20) % 2))
-        path = tmp_path / f"member-{i}-attempt-0.pkl"
+        path = tmp_path / f"member-{i}-task-{i}.pkl"
         path.write_bytes(blob)
         members.append((str(path), sha256_bytes(blob)))
     return tuple(members)

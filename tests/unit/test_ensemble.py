@@ -58,12 +58,12 @@ def test_member_file_the_driver_cannot_see_is_named(tmp_path):
     from dist_dl.ensemble.driver import _member_files
 
     Row = namedtuple("Row", "member path size sha256")
-    good = tmp_path / "member-0-attempt-0.pkl"
+    good = tmp_path / "member-0-task-0.pkl"
     good.write_bytes(b"x" * 10)
     digest = sha256_bytes(b"x" * 10)
     assert _member_files([Row(0, str(good), 10, digest)], "runs") == ((str(good), digest),)
-    missing = Row(1, str(tmp_path / "member-1-attempt-0.pkl"), 10, digest)
-    with pytest.raises(RuntimeError, match=r"member 1 was written to .*member-1-attempt-0.pkl "
+    missing = Row(1, str(tmp_path / "member-1-task-1.pkl"), 10, digest)
+    with pytest.raises(RuntimeError, match=r"member 1 was written to .*member-1-task-1.pkl "
                        r"\(10 bytes\).*cannot find that file: output_dir='runs' must be a "
                        r"folder the driver and every executor share"):
         _member_files([Row(0, str(good), 10, digest), missing], "runs")

@@ -122,7 +122,12 @@ def train_partition(batches: Iterator[pd.DataFrame], *, factory: Callable,
         # and writing the member.
         row["fit_seconds"] = time.perf_counter() - fit_start
         row["kind"] = type(model).__module__.split(".")[0]
-        path = os.path.join(member_dir, f"member-{member}-attempt-{context.attemptNumber()}.pkl")
+        # Named by the task attempt's id, unique in the application:
+        # attemptNumber() starts again at 0 when Spark resubmits the stage (an
+        # executor lost with shuffle output), while the first stage attempt's
+        # task may still run the same member, so two writers would share a
+        # name and the later would replace the file the driver was told of.
+        path = os.path.join(member_dir, f"member-{member}-task-{context.taskAttemptId()}.pkl")
         os.makedirs(member_dir, exist_ok=True)  # an executor on another node
         with open(path + ".tmp", "wb") as f:
             # Hashed as it is written: no second copy of a big member in memory.
