@@ -34,6 +34,9 @@ setup(
         "optuna>=3.4",
         "databricks-sdk>=0.20",
         "psutil>=5.9",
+        # The process title of a worker forked by the fork server
+        # (dist_dl.launch._fork_server): ps names the worker's command.
+        "setproctitle>=1.3",
         "pillow>=9",
         "pyyaml>=6",
     ],

@@ -8,8 +8,17 @@
 2. Idle cost: CPU seconds per wall second of a worker idle after hvd.init(),
    ours (np=-2, with HOROVOD_CYCLE_TIME="(None,)" inherited, as Horovod's
    launcher would hand it) against horovod.runner.run.
+3. Worker start, forked against new interpreters: a whole
+   ``HorovodRunner(np=-2).run()`` of a function that initialises Horovod and
+   allreduces once, its workers forked from the fork server
+   (``dist_dl.launch.forkserver``, the default) and started as new
+   interpreters (``DIST_DL_FORK_WORKERS=0``), interleaved; the wall seconds
+   and the machine's CPU seconds (``/proc/stat``) of each job. The server's
+   own start is left out (a warm-up job before the rounds): it is paid once
+   per driver process and environment. Written to ``--results``
+   (``worker_start.*``).
 
-Usage: .venv/bin/python benchmarks/launcher.py [--rounds 5]
+Usage: .venv/bin/python benchmarks/launcher.py [--rounds 5] [--results benchmarks/results.json]
 """
 from __future__ import annotations
 
@@ -42,6 +51,42 @@ def idle_cost(seconds: float = 4.0):
         (usage.ru_utime + usage.ru_stime - cpu0) / (time.monotonic() - wall0)))
 
 
+def allreduce_once():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    return float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0])
+
+
+def _machine_cpu_seconds() -> float:
+    """User + system CPU seconds of the whole machine since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (fields[0] + fields[1] + fields[2]) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_start(rounds: int) -> dict:
+    """Wall and CPU seconds of a 2-worker local job, forked and new interpreters."""
+    import tensorflow  # noqa: F401 - the driver of a Keras job has imported it
+
+    from dist_dl import HorovodRunner
+
+    setups = {"forked": "1", "new_interpreter": "0"}
+    found = {name: {"wall": [], "cpu": []} for name in setups}
+    os.environ["DIST_DL_FORK_WORKERS"] = "1"
+    HorovodRunner(np=-2).run(allreduce_once)  # the fork server starts
+    for _ in range(rounds):
+        for name, switch in setups.items():
+            os.environ["DIST_DL_FORK_WORKERS"] = switch
+            cpu0, t0 = _machine_cpu_seconds(), time.monotonic()
+            assert HorovodRunner(np=-2).run(allreduce_once) == 2.0
+            found[name]["wall"].append(time.monotonic() - t0)
+            found[name]["cpu"].append(_machine_cpu_seconds() - cpu0)
+    os.environ.pop("DIST_DL_FORK_WORKERS")
+    return found
+
+
 def _summary(values):
     return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f}, n={len(values)})"
 
@@ -49,7 +94,10 @@ def _summary(values):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--results", default=os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "results.json"), help="results file ('' for none)")
     args = parser.parse_args()
+    starts = worker_start(args.rounds)
     import horovod.runner
 
     from dist_dl import HorovodRunner
@@ -80,6 +128,20 @@ def main():
     print("\n| setup | idle worker CPU s per wall s, median (spread) |\n|---|---|")
     for name, values in idle.items():
         print(f"| {name} | {_summary(values)} |")
+    print("\n| HorovodRunner(np=-2), 2 workers | job wall s | machine CPU s per job |\n|---|---|---|")
+    for name, values in starts.items():
+        print(f"| {name} | {_summary(values['wall'])} | {_summary(values['cpu'])} |")
+    if args.results:
+        from dist_dl.app.bench.results import merge_results, result_entry
+
+        new, forked = starts["new_interpreter"], starts["forked"]
+        entries = {f"worker_start.{kind}_s.{name}": result_entry(values[kind])
+                   for name, values in starts.items() for kind in ("wall", "cpu")}
+        # Per round, side by side: how many times the forked job is faster / cheaper.
+        for kind in ("wall", "cpu"):
+            entries[f"worker_start.{kind}_ratio"] = result_entry(
+                [n / f for n, f in zip(new[kind], forked[kind])])
+        merge_results(args.results, entries)
 
 
 if __name__ == "__main__":

@@ -218,7 +218,7 @@ def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
     # (exit code 1) are often both seen at the next poll: the signal is named.
     from dist_dl.launch.processes import WorkerProcesses
 
-    procs = WorkerProcesses(feed=lambda line: None)
+    procs = WorkerProcesses(feed=lambda line: None, engine="horovod")
     procs.procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
                    subprocess.Popen([sys.executable, "-c",
                                      "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])]

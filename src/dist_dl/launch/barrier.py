@@ -480,7 +480,7 @@ def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: 
             with open(payload_path, "wb") as f:
                 f.write(payload)
             _save_task_context(ctx, context_path)
-            processes = WorkerProcesses(channel.send)
+            processes = WorkerProcesses(channel.send, engine.name)
             try:
                 resource, counts = gpu_plan
                 gpus = ctx.resources().get(resource)

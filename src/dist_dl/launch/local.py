@@ -105,7 +105,7 @@ def run_processes(fn: Callable[..., Any], kwargs: dict, envs: list[dict], option
     try:
         with open(payload, "wb") as f:
             cloudpickle.dump((options, fn, kwargs), f)
-        workers = WorkerProcesses(sink.feed)
+        workers = WorkerProcesses(sink.feed, options.engine)
         try:
             for env in envs:
                 workers.start(payload, result, env)

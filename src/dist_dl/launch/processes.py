@@ -4,7 +4,9 @@ hosts a tf.distribute worker.
 
 Each worker runs ``python -m dist_dl.launch._worker_main PAYLOAD RESULT`` in
 its own process group, so that nothing it starts outlives the job; its stdout
-and stderr are read line by line and handed to ``feed``. It gets the starting
+and stderr are read line by line and handed to ``feed``. Where it can, the
+worker is forked from a server that has imported the job's framework
+(``dist_dl.launch.forkserver``) instead of starting as a new interpreter. It gets the starting
 process's ``sys.path`` (``launcher_path_env``): what a Spark task or the
 driver imports (``sc.addPyFile``, ``spark.submit.pyFiles``) imports in it.
 """
@@ -18,9 +20,12 @@ import threading
 import time
 from typing import Callable
 
+from dist_dl.launch import forkserver
 from dist_dl.launch.worker import launcher_path_env
 
 __all__ = ["WorkerProcesses"]
+
+_ENTRY = "dist_dl.launch._worker_main"
 
 
 class WorkerProcesses:
@@ -29,19 +34,24 @@ class WorkerProcesses:
     Args:
         feed: Receives each complete line (text, with its newline) a worker
             writes to stdout or stderr; called from one reader thread per stream.
+        engine: The job's engine (``WorkerOptions.engine``): which frameworks
+            a fork server imports for its workers.
     """
 
-    def __init__(self, feed: Callable[[str], None]):
+    def __init__(self, feed: Callable[[str], None], engine: str):
         self._feed = feed
-        self.procs: list[subprocess.Popen] = []
+        self._engine = engine
+        self.procs: list[subprocess.Popen | forkserver.ForkedProcess] = []
         self._readers: list[threading.Thread] = []
 
-    def start(self, payload: str, result: str, env: dict) -> subprocess.Popen:
+    def start(self, payload: str, result: str, env: dict):
         """Start one worker (rank = the order of ``start`` calls)."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dist_dl.launch._worker_main", payload, result],
-            env={**env, **launcher_path_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        env = {**env, **launcher_path_env(), "PYTHONUNBUFFERED": "1"}
+        proc = forkserver.start(_ENTRY, [payload, result], env, self._engine)
+        if proc is None:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", _ENTRY, payload, result], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(proc)
         for pipe in (proc.stdout, proc.stderr):
             reader = threading.Thread(target=self._forward, args=(pipe,), daemon=True,
@@ -88,7 +98,7 @@ class WorkerProcesses:
             reader.join(5)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list) -> None:
     """End every worker and everything it started (its whole process group)."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         alive = False

@@ -1,0 +1,310 @@
+"""Worker processes forked from a server that has imported what they import.
+
+A worker started as a new interpreter spends seconds of CPU importing
+TensorFlow and Horovod (or PyTorch) before it runs a line of the job, and a
+job's retries and the launcher's later jobs pay it again for every worker.
+A fork server (``dist_dl.launch._fork_server``) imports those frameworks
+once and forks each worker from itself; the worker then runs the same
+command a new interpreter would, with its own session, pipes, environment,
+working directory and process title (see that module).
+
+One server per launching process, for one *import key*: the interpreter,
+the working directory, the modules it imports, and the environment less the
+variables a launch sets per job or rank (Horovod's, ``TF_CONFIG``,
+torchrun's, dist_dl's per-worker ones): what an import may read. A launch
+with another key ends the server and starts its own (or, while the server's
+workers of another job run, starts new interpreters). The server imports
+the engine's framework (tf.distribute's TensorFlow, PyTorch's) and the
+frameworks the launching process has imported itself, with Horovod's
+binding of each for Horovod jobs: workers get nothing that neither their
+engine nor their launcher uses.
+
+Workers are forked only where no GPU is visible to the launching process or
+named for its workers (CUDA's state must not cross a fork), and not where
+``DIST_DL_FORK_WORKERS=0``; everywhere else, and whenever the server cannot
+serve, they start as new interpreters.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+
+__all__ = ["ForkedProcess", "start", "shutdown", "SWITCH"]
+
+SWITCH = "DIST_DL_FORK_WORKERS"
+# A server with no request and no worker for this long exits (its imports
+# hold memory); the next launch starts another.
+IDLE_SECONDS = 300.0
+# How long the first launch waits for the server's imports.
+READY_SECONDS = 180.0
+# Set per job or rank by the launchers; not part of what an import reads.
+_PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+               "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE",
+               "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DIST_DL_TASK_CONTEXT",
+               "DIST_DL_TASK_GPUS", "DIST_DL_WORKER_GPUS", "DIST_DL_HOST_SHARE",
+               # pytest's name of the running test
+               "PYTEST_CURRENT_TEST")
+_FRAMEWORKS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
+# The framework an engine's workers always import.
+_ENGINE_FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch"}
+_GPU_VARS = ("DIST_DL_TASK_GPUS", "DIST_DL_WORKER_GPUS")
+
+
+class ForkedProcess:
+    """A worker forked by the server: what ``WorkerProcesses`` uses of
+    ``subprocess.Popen`` (``pid``, ``stdout``, ``stderr``, ``returncode``,
+    ``poll``, ``wait``)."""
+
+    def __init__(self, server: "_Server", pid: int, stdout, stderr):
+        self._server = server
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            code = self._server.exit_code(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout)
+            self.returncode = code
+        return self.returncode
+
+
+class _Server:
+    def __init__(self, key: tuple, env: dict, preload: list[str]):
+        self.key = key
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        room = " " * 1024  # for the workers' process titles
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "dist_dl.launch._fork_server", str(theirs.fileno()),
+                 ",".join(preload), str(IDLE_SECONDS), room],
+                env={**env, "PYTHONUNBUFFERED": "1"}, pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._replies: list[tuple] = []
+        self._started: set[int] = set()
+        self._closed = False
+        self._sock.settimeout(READY_SECONDS)
+        try:
+            ready = pickle.loads(self._sock.recv(_MAX_REPLY))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            self.close()
+            raise OSError("the fork server did not start") from None
+        if not ready or ready[0] != "ready":
+            self.close()
+            raise OSError(f"the fork server answered {ready!r}")
+        self._sock.settimeout(None)
+        threading.Thread(target=self._read, daemon=True, name="dist_dl-fork-server").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_REPLY)
+            except OSError:
+                data = b""
+            try:
+                message = pickle.loads(data) if data else None
+            except (pickle.UnpicklingError, EOFError, ValueError):
+                message = None
+            with self._changed:
+                if message is None:
+                    self._closed = True
+                    self._changed.notify_all()
+                    return
+                if message[0] == "exit":
+                    self._exits[message[1]] = message[2]
+                    self._started.discard(message[1])
+                else:
+                    self._replies.append(message)
+                self._changed.notify_all()
+
+    def fork(self, module: str, args: list[str], env: dict) -> ForkedProcess:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with self._lock:
+                request = {"module": module, "args": list(args), "env": dict(env),
+                           "cwd": os.getcwd()}
+                socket.send_fds(self._sock, [pickle.dumps(request)], [out_w, err_w])
+                with self._changed:
+                    if not self._changed.wait_for(lambda: self._replies or self._closed, 60):
+                        raise OSError("the fork server did not answer")
+                    if not self._replies:
+                        raise OSError("the fork server is gone")
+                    reply = self._replies.pop(0)
+            if reply[0] != "started":
+                raise OSError(f"the fork server could not fork: {reply[1]}")
+            with self._changed:
+                if reply[1] not in self._exits:
+                    self._started.add(reply[1])
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return ForkedProcess(self, reply[1], os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits or self._closed, timeout)
+            if pid in self._exits:
+                return self._exits[pid]
+            if self._closed:
+                # The server went away first: it ended its workers before it
+                # exited (SIGTERM, then SIGKILL).
+                return -9
+            return None
+
+    def running(self) -> bool:
+        """Whether a worker of this server is still running."""
+        with self._changed:
+            return bool(self._started) and not self._closed
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc.poll() is None
+
+    def close(self) -> None:
+        """End the server (it ends its workers); wait for it."""
+        try:
+            # shutdown, not only close: the reader thread blocked in recv
+            # keeps a closed socket open, and the server would see no end.
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        finally:
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+_MAX_REPLY = 1 << 16
+_lock = threading.Lock()
+_server: _Server | None = None
+_failed: set[tuple] = set()
+
+
+def _import_env(env: dict) -> dict:
+    """``env`` less what a launch sets per job or rank, and this switch."""
+    return {k: v for k, v in env.items()
+            if not k.startswith("HOROVOD_") and k not in _PER_LAUNCH and k != SWITCH}
+
+
+def _key(env: dict, preload: list[str]) -> tuple:
+    return sys.executable, os.getcwd(), tuple(preload), tuple(sorted(_import_env(env).items()))
+
+
+def preload_for(engine: str) -> list[str]:
+    """The engine's own framework (tf.distribute's TensorFlow, PyTorch's)
+    and the frameworks this process has imported, with Horovod's binding of
+    each for Horovod jobs; those that import here."""
+    import importlib.util
+
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    names = []
+    for framework, binding in _FRAMEWORKS.items():
+        if (framework == _ENGINE_FRAMEWORK.get(engine) or framework in sys.modules) \
+                and found(framework):
+            names.append(framework)
+            if engine == "horovod" and found("horovod"):
+                names.append(binding)
+    return names
+
+
+def start(module: str, args: list[str], env: dict, engine: str) -> ForkedProcess | None:
+    """Fork a worker that runs ``python -m module *args`` with ``env``;
+    None where workers are not forked here (the caller starts a new
+    interpreter)."""
+    global _server
+    if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
+        return None
+    named = env.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
+    if named or any(env.get(name) for name in _GPU_VARS) or _gpus_visible():
+        return None
+    preload = preload_for(engine)
+    key = _key(env, preload)
+    with _lock:
+        if key in _failed:
+            return None
+        if _server is not None and not _server.alive:
+            _server.close()
+            _server = None
+        if _server is not None and _server.key != key:
+            if _server.running():
+                return None  # another job's workers are its children
+            _server.close()
+            _server = None
+        for attempt in (1, 2):
+            if _server is None:
+                try:
+                    _server = _Server(key, _import_env(env), preload)
+                except OSError:
+                    _failed.add(key)
+                    return None
+            try:
+                return _server.fork(module, args, env)
+            except OSError:
+                # An idle server that exited as the request went out: once more
+                # with a new one, then a new interpreter.
+                _server.close()
+                _server = None
+        return None
+
+
+def shutdown() -> None:
+    """End this process's fork server, if any (at exit, too)."""
+    global _server
+    with _lock:
+        if _server is not None:
+            _server.close()
+            _server = None
+
+
+def _gpus_visible() -> bool:
+    """GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else
+    ``nvidia-smi``'s list, asked once)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        from dist_dl.launch.device import visible_gpus
+
+        return bool(visible_gpus())
+    return _machine_gpus()
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_gpus() -> bool:
+    from dist_dl.launch.device import visible_gpus
+
+    return bool(visible_gpus())
+
+
+atexit.register(shutdown)

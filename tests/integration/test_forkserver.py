@@ -1,0 +1,175 @@
+"""The fork server (dist_dl.launch.forkserver): a forked worker is the
+process a new interpreter would be, the server is reused and replaced by
+its import key, and nothing outlives the process that launched it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from dist_dl.launch import forkserver
+from dist_dl.launch.worker import launcher_path_env
+from waits import left_after
+
+pytestmark = pytest.mark.profile_subset_164
+
+
+@pytest.fixture(autouse=True)
+def own_server():
+    """Each test starts with no server in this process and leaves none."""
+    forkserver.shutdown()
+    yield
+    forkserver.shutdown()
+
+
+SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+
+
+def _env(**extra) -> dict:
+    # PYTHONPATH: a new interpreter finds the probe module as the forked one does.
+    return {**os.environ, **launcher_path_env(), "PYTHONUNBUFFERED": "1", "PYTHONPATH": SUPPORT,
+            **extra}
+
+
+def _read(proc) -> tuple[str, str]:
+    return proc.stdout.read().decode(), proc.stderr.read().decode()
+
+
+def _state(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_worker_is_the_process_a_new_interpreter_would_be(tmp_path):
+    env = _env(PROBE_SETTING="forked")
+    forked = forkserver.start("forked_probe", [str(tmp_path / "forked.json"), "3"], env, "horovod")
+    assert isinstance(forked, forkserver.ForkedProcess)
+    assert forked.wait(60) == 3
+    out, err = _read(forked)
+    assert out == f"out {forked.pid}\n" and err == f"err {forked.pid}\n"
+    new = subprocess.Popen([sys.executable, "-m", "forked_probe", str(tmp_path / "new.json"), "3"],
+                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, start_new_session=True)
+    assert new.wait(60) == 3
+    _read(new)
+    a, b = _state(tmp_path / "forked.json"), _state(tmp_path / "new.json")
+    # Its own session and process group, like start_new_session=True.
+    assert a["sid"] == a["pgid"] == a["pid"]
+    for field in ("cwd", "main", "stdin"):
+        assert a[field] == b[field], field
+    assert a["argv"] == [str(tmp_path / "forked.json"), "3"]
+    assert a["env"] == b["env"]
+    # ps names the worker's command, not the server's.
+    assert a["cmdline"] == b["cmdline"].replace("new.json", "forked.json")
+    assert "-m forked_probe" in a["cmdline"] and "_fork_server" not in a["cmdline"]
+
+
+@pytest.mark.timeout(120)
+def test_forked_siblings_draw_different_random_numbers_and_a_signal_is_the_exit_code(tmp_path):
+    procs = [forkserver.start("forked_probe", [str(tmp_path / f"{i}.json"), "sleep"], _env(),
+                              "horovod") for i in range(2)]
+    assert all(isinstance(p, forkserver.ForkedProcess) for p in procs)
+    for proc in procs:
+        assert proc.stdout.readline().decode().startswith("out ")
+    assert _state(tmp_path / "0.json")["numpy"] != _state(tmp_path / "1.json")["numpy"]
+    assert procs[0].poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        procs[0].wait(0.2)
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+
+
+@pytest.mark.timeout(120)
+def test_one_server_per_import_key_and_none_replaced_under_running_workers(tmp_path):
+    first = forkserver.start("forked_probe", [str(tmp_path / "a.json"), "sleep"], _env(), "horovod")
+    server = forkserver._server
+    # Per-rank variables are not part of the key: the same server.
+    second = forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"],
+                              _env(HOROVOD_RANK="1", TF_CONFIG="{}"), "horovod")
+    assert forkserver._server is server and second.wait(60) == 0
+    # Another key while the first worker runs: a new interpreter, the server kept.
+    assert forkserver.start("forked_probe", [str(tmp_path / "c.json"), "0"],
+                            _env(PROBE_SETTING="other"), "horovod") is None
+    assert forkserver._server is server
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    # Now the other key replaces it: the old server exits.
+    third = forkserver.start("forked_probe", [str(tmp_path / "d.json"), "0"],
+                             _env(PROBE_SETTING="other"), "horovod")
+    assert third.wait(60) == 0 and forkserver._server is not server
+    assert _state(tmp_path / "d.json")["env"]["PROBE_SETTING"] == "other"
+    assert not psutil.pid_exists(server._proc.pid)
+
+
+@pytest.mark.timeout(60)
+def test_workers_that_use_a_gpu_or_are_told_not_to_start_as_new_interpreters(tmp_path, monkeypatch):
+    args = [str(tmp_path / "p.json"), "0"]
+    assert forkserver.start("forked_probe", args, _env(CUDA_VISIBLE_DEVICES="0"), "horovod") is None
+    assert forkserver.start("forked_probe", args, _env(DIST_DL_WORKER_GPUS="1"), "horovod") is None
+    assert forkserver.start("forked_probe", args, _env(DIST_DL_FORK_WORKERS="0"), "horovod") is None
+    assert forkserver._server is None
+
+
+@pytest.mark.timeout(120)
+def test_an_idle_server_exits_and_the_next_launch_starts_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(forkserver, "IDLE_SECONDS", 1.0)
+    assert forkserver.start("forked_probe", [str(tmp_path / "a.json"), "0"], _env(),
+                            "horovod").wait(60) == 0
+    server = forkserver._server
+    assert left_after(lambda: [server._proc.pid] if server._proc.poll() is None else [], 30) == []
+    assert forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"], _env(),
+                            "horovod").wait(60) == 0
+    assert forkserver._server is not server
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
+    program = textwrap.dedent(f"""
+        import os, sys, time
+        from dist_dl.launch import forkserver
+        from dist_dl.launch.worker import launcher_path_env
+        env = {{**os.environ, **launcher_path_env()}}
+        worker = forkserver.start("forked_probe", [{str(tmp_path / 'w.json')!r}, "sleep"], env,
+                                  "horovod")
+        worker.stdout.readline()
+        print(worker.pid, forkserver._server._proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        worker, server = map(int, launcher.stdout.readline().split())
+        assert psutil.pid_exists(worker) and psutil.pid_exists(server)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(30)
+        alive = lambda: [p for p in (worker, server)  # noqa: E731
+                         if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        assert left_after(alive, 20) == []
+    finally:
+        launcher.kill()
+
+
+@pytest.mark.timeout(60)
+def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported():
+    program = ("import json, importlib.util, sys\n"
+               "from dist_dl.launch.forkserver import preload_for\n"
+               "before = {e: preload_for(e) for e in ('horovod', 'tensorflow')}\n"
+               "import numpy, tensorflow\n"
+               "after = preload_for('horovod')\n"
+               "print(json.dumps([before, after, importlib.util.find_spec('horovod') is not None]))")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=50, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    before, after, horovod = json.loads(out.stdout.strip().splitlines()[-1])
+    # Nothing imported yet: a Horovod job's server imports nothing heavy;
+    # tf.distribute's always imports TensorFlow.
+    assert before == {"horovod": [], "tensorflow": ["tensorflow"]}
+    assert after == (["tensorflow", "horovod.tensorflow"] if horovod else ["tensorflow"])
