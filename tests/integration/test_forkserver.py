@@ -94,7 +94,8 @@ def test_one_server_per_import_key_and_none_replaced_under_running_workers(tmp_p
     server = forkserver._server
     # Per-rank variables are not part of the key: the same server.
     second = forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"],
-                              _env(HOROVOD_RANK="1", TF_CONFIG="{}"), "horovod")
+                              _env(HOROVOD_RANK="1", TF_CONFIG="{}", _HOROVOD_SECRET_KEY="k"),
+                              "horovod")
     assert forkserver._server is server and second.wait(60) == 0
     # Another key while the first worker runs: a new interpreter, the server kept.
     assert forkserver.start("forked_probe", [str(tmp_path / "c.json"), "0"],

@@ -10,14 +10,14 @@ working directory and process title (see that module).
 
 One server per launching process, for one *import key*: the interpreter,
 the working directory, the modules it imports, and the environment less the
-variables a launch sets per job or rank (Horovod's, ``TF_CONFIG``,
-torchrun's, dist_dl's per-worker ones): what an import may read. A launch
-with another key ends the server and starts its own (or, while the server's
-workers of another job run, starts new interpreters). The server imports
-the engine's framework (tf.distribute's TensorFlow, PyTorch's) and the
-frameworks the launching process has imported itself, with Horovod's
-binding of each for Horovod jobs: workers get nothing that neither their
-engine nor their launcher uses.
+variables a launch sets per job or rank (Horovod's, its job's secret key
+included, ``TF_CONFIG``, torchrun's, dist_dl's per-worker ones): what an
+import may read. A launch with another key ends the server and starts its
+own (or, while the server's workers of another job run, starts new
+interpreters). The server imports the engine's framework (tf.distribute's
+TensorFlow, PyTorch's) and the frameworks the launching process has
+imported itself, with Horovod's binding of each for Horovod jobs: workers
+get nothing that neither their engine nor their launcher uses.
 
 Workers are forked only where no GPU is visible to the launching process or
 named for its workers (CUDA's state must not cross a fork), and not where
@@ -212,7 +212,8 @@ _failed: set[tuple] = set()
 def _import_env(env: dict) -> dict:
     """``env`` less what a launch sets per job or rank, and this switch."""
     return {k: v for k, v in env.items()
-            if not k.startswith("HOROVOD_") and k not in _PER_LAUNCH and k != SWITCH}
+            if not k.startswith(("HOROVOD_", "_HOROVOD_")) and k not in _PER_LAUNCH
+            and k != SWITCH}
 
 
 def _key(env: dict, preload: list[str]) -> tuple:
