@@ -251,20 +251,32 @@ def test_a_slow_worker_under_the_timeout_is_no_alarm(request, scenario, where):
 
 # ------------------------------------------------------------ F7
 
+# Imports TensorFlow once, then forks one writer per line on stdin: each
+# writer reads the latest checkpoint, says "ready PID" and saves in a loop
+# until killed; the parent reaps it and says "reaped". The kills and the
+# files are what a writer started anew each time would see, without 20
+# TensorFlow imports.
 _SAVE_FOREVER = '''
-import sys
+import os, sys
 sys.path.insert(0, sys.argv[2])
+from dist_dl.core import compat
 from dist_dl.train.checkpoint import CheckpointManager
 from keras_models import tiny_classifier
 
-manager = CheckpointManager(sys.argv[1], keep=3)
-latest = manager.latest()
-model = tiny_classifier(seed=1)
-epoch = latest.epoch if latest else 0
-print("ready", flush=True)
-while True:
-    epoch += 1
-    manager.save(model, epoch)
+compat.keras()  # TensorFlow and Keras, imported here once
+for _ in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        manager = CheckpointManager(sys.argv[1], keep=3)
+        latest = manager.latest()
+        model = tiny_classifier(seed=1)
+        epoch = latest.epoch if latest else 0
+        print("ready", os.getpid(), flush=True)
+        while True:
+            epoch += 1
+            manager.save(model, epoch)
+    os.waitpid(pid, 0)
+    print("reaped", flush=True)
 '''
 
 
@@ -286,29 +298,33 @@ def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
     directory = tmp_path / "ckpt"
     rng = random.Random(20261124)
     last_epoch, interrupted, kills = 0, 0, 20
-    for _ in range(kills):
-        writer = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(directory),
-                                   SUPPORT], stdout=subprocess.PIPE, text=True)
-        try:
-            assert writer.stdout.readline().strip() == "ready"
+    writers = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(directory), SUPPORT],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(kills):
+            writers.stdin.write("go\n")
+            writers.stdin.flush()
+            ready, pid = writers.stdout.readline().split()
+            assert ready == "ready"
             time.sleep(rng.uniform(0.05, 0.8))
-            writer.send_signal(signal.SIGKILL)
-        finally:
-            writer.kill()
-            writer.wait(30)
-        # A write cut short leaves a staging folder (.tmp-ckpt-*), never a checkpoint.
-        if directory.is_dir() and any(p.name.startswith(".tmp-ckpt-")
-                                      for p in directory.iterdir()):
-            interrupted += 1
-        manager = CheckpointManager(directory)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", CorruptCheckpointWarning)
-            latest = manager.latest()
-        if latest is None:
-            continue   # killed before its first save finished
-        assert latest.epoch >= last_epoch
-        assert manager.restore(_model(seed=2)).epoch == latest.epoch
-        last_epoch = latest.epoch
+            os.kill(int(pid), signal.SIGKILL)
+            assert writers.stdout.readline().strip() == "reaped"
+            # A write cut short leaves a staging folder (.tmp-ckpt-*), never a checkpoint.
+            if directory.is_dir() and any(p.name.startswith(".tmp-ckpt-")
+                                          for p in directory.iterdir()):
+                interrupted += 1
+            manager = CheckpointManager(directory)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", CorruptCheckpointWarning)
+                latest = manager.latest()
+            if latest is None:
+                continue   # killed before its first save finished
+            assert latest.epoch >= last_epoch
+            assert manager.restore(_model(seed=2)).epoch == latest.epoch
+            last_epoch = latest.epoch
+    finally:
+        writers.kill()
+        writers.wait(30)
     assert last_epoch >= 5, "the writer hardly ever finished a save: the test tells nothing"
     s.figure(f"{kills}/{kills} kills left a loadable latest checkpoint "
              f"({interrupted} of them cut a write short; epoch {last_epoch} reached)")
