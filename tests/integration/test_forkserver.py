@@ -174,3 +174,16 @@ def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported
     # tf.distribute's always imports TensorFlow.
     assert before == {"horovod": [], "tensorflow": ["tensorflow"]}
     assert after == (["tensorflow", "horovod.tensorflow"] if horovod else ["tensorflow"])
+
+
+@pytest.mark.timeout(120)
+def test_without_setproctitle_workers_start_as_new_interpreters(tmp_path):
+    # A server whose workers could not take their own command line is not used.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "setproctitle.py").write_text("raise ImportError('not installed here')\n")
+    # First on the path the server takes from its launcher.
+    env = _env(DIST_DL_SYS_PATH=json.dumps([str(blocker)] + [p for p in sys.path if p]))
+    assert forkserver.start("forked_probe", [str(tmp_path / "p.json"), "0"], env,
+                            "horovod") is None
+    assert forkserver._server is None

@@ -109,7 +109,9 @@ class _Server:
         except (OSError, EOFError, pickle.UnpicklingError):
             self.close()
             raise OSError("the fork server did not start") from None
-        if not ready or ready[0] != "ready":
+        if not ready or ready[0] != "ready" or "setproctitle" in ready[2]:
+            # Without setproctitle its workers would show the server's
+            # command line, where tools look for a worker's.
             self.close()
             raise OSError(f"the fork server answered {ready!r}")
         self._sock.settimeout(None)

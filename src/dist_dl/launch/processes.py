@@ -6,9 +6,10 @@ Each worker runs ``python -m dist_dl.launch._worker_main PAYLOAD RESULT`` in
 its own process group, so that nothing it starts outlives the job; its stdout
 and stderr are read line by line and handed to ``feed``. Where it can, the
 worker is forked from a server that has imported the job's framework
-(``dist_dl.launch.forkserver``) instead of starting as a new interpreter. It gets the starting
-process's ``sys.path`` (``launcher_path_env``): what a Spark task or the
-driver imports (``sc.addPyFile``, ``spark.submit.pyFiles``) imports in it.
+(``dist_dl.launch.forkserver``) instead of starting as a new interpreter.
+It gets the starting process's ``sys.path`` (``launcher_path_env``): what a
+Spark task or the driver imports (``sc.addPyFile``, ``spark.submit.pyFiles``)
+imports in it.
 """
 from __future__ import annotations
 
