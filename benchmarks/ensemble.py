@@ -55,29 +55,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from dist_dl.app.bench.measure import machine_busy_seconds  # noqa: E402 - after the path
+
 VALIDATION_FRACTION = 0.2
 
 
-def _cpu_busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        fields = [float(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _measure(fn):
-    cpu0, t0 = _cpu_busy_seconds(), time.perf_counter()
+    cpu0, t0 = machine_busy_seconds(), time.perf_counter()
     out = fn()
     wall = time.perf_counter() - t0
-    return wall, (_cpu_busy_seconds() - cpu0) / wall, out
+    return wall, (machine_busy_seconds() - cpu0) / wall, out
 
 
 def _others_cpu(seconds: float = 5.0) -> float:
     """CPU seconds per second the machine spends while this benchmark idles:
     what other processes are using now."""
-    cpu0 = _cpu_busy_seconds()
+    cpu0 = machine_busy_seconds()
     time.sleep(seconds)
-    return (_cpu_busy_seconds() - cpu0) / seconds
+    return (machine_busy_seconds() - cpu0) / seconds
 
 
 def wait_for_quiet(max_load: float, max_wait: float) -> tuple[float, float, bool]:

@@ -59,18 +59,12 @@ def allreduce_once():
     return float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0])
 
 
-def _machine_cpu_seconds() -> float:
-    """User + system CPU seconds of the whole machine since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    return (fields[0] + fields[1] + fields[2]) / os.sysconf("SC_CLK_TCK")
-
-
 def worker_start(rounds: int) -> dict:
     """Wall and CPU seconds of a 2-worker local job, forked and new interpreters."""
     import tensorflow  # noqa: F401 - the driver of a Keras job has imported it
 
     from dist_dl import HorovodRunner
+    from dist_dl.app.bench.measure import machine_busy_seconds
 
     setups = {"forked": "1", "new_interpreter": "0"}
     found = {name: {"wall": [], "cpu": []} for name in setups}
@@ -79,10 +73,10 @@ def worker_start(rounds: int) -> dict:
     for _ in range(rounds):
         for name, switch in setups.items():
             os.environ["DIST_DL_FORK_WORKERS"] = switch
-            cpu0, t0 = _machine_cpu_seconds(), time.monotonic()
+            cpu0, t0 = machine_busy_seconds(), time.monotonic()
             assert HorovodRunner(np=-2).run(allreduce_once) == 2.0
             found[name]["wall"].append(time.monotonic() - t0)
-            found[name]["cpu"].append(_machine_cpu_seconds() - cpu0)
+            found[name]["cpu"].append(machine_busy_seconds() - cpu0)
     os.environ.pop("DIST_DL_FORK_WORKERS")
     return found
 

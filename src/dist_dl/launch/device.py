@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 __all__ = ["DevicePlan", "WORKER_GPUS_VAR", "plan_devices", "visible_gpus",
            "horovod_env_fixes", "default_cycle_time", "cpu_cycle_time_ms", "CPU_CYCLE_TIME_MS",
@@ -58,11 +58,11 @@ class DevicePlan:
     env: dict
 
 
-def visible_gpus() -> list[str]:
-    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set (a Spark
-    task with GPU scheduling, a user's restriction), else what ``nvidia-smi``
-    lists, else none."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
+    """GPU ids a process with ``env`` (default: this one's environment) may
+    use: ``CUDA_VISIBLE_DEVICES`` if set (a Spark task with GPU scheduling, a
+    user's restriction), else what ``nvidia-smi`` lists, else none."""
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if value is not None:
         return [g.strip() for g in value.split(",") if g.strip() and g.strip() != "-1"]
     if shutil.which("nvidia-smi") is None:

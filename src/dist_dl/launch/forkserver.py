@@ -35,6 +35,10 @@ import subprocess
 import sys
 import threading
 
+from dist_dl.core import placement
+from dist_dl.launch import device
+from dist_dl.launch.worker import TASK_CONTEXT_VAR
+
 __all__ = ["ForkedProcess", "start", "shutdown", "SWITCH"]
 
 SWITCH = "DIST_DL_FORK_WORKERS"
@@ -43,17 +47,18 @@ SWITCH = "DIST_DL_FORK_WORKERS"
 IDLE_SECONDS = 300.0
 # How long the first launch waits for the server's imports.
 READY_SECONDS = 180.0
+# The GPUs the launchers give a worker.
+_GPU_VARS = (placement.TASK_GPUS_VAR, device.WORKER_GPUS_VAR)
 # Set per job or rank by the launchers; not part of what an import reads.
 _PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE",
-               "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DIST_DL_TASK_CONTEXT",
-               "DIST_DL_TASK_GPUS", "DIST_DL_WORKER_GPUS", "DIST_DL_HOST_SHARE",
+               "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", TASK_CONTEXT_VAR,
+               placement.HOST_SHARE_VAR, *_GPU_VARS,
                # pytest's name of the running test
                "PYTEST_CURRENT_TEST")
 _FRAMEWORKS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
 # The framework an engine's workers always import.
 _ENGINE_FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch"}
-_GPU_VARS = ("DIST_DL_TASK_GPUS", "DIST_DL_WORKER_GPUS")
 
 
 class ForkedProcess:
@@ -101,7 +106,7 @@ class _Server:
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
         self._replies: list[tuple] = []
-        self._started: set[int] = set()
+        self._pids: set[int] = set()
         self._closed = False
         self._sock.settimeout(READY_SECONDS)
         try:
@@ -134,7 +139,6 @@ class _Server:
                     return
                 if message[0] == "exit":
                     self._exits[message[1]] = message[2]
-                    self._started.discard(message[1])
                 else:
                     self._replies.append(message)
                 self._changed.notify_all()
@@ -153,11 +157,10 @@ class _Server:
                     if not self._replies:
                         raise OSError("the fork server is gone")
                     reply = self._replies.pop(0)
+                    if reply[0] == "started":
+                        self._pids.add(reply[1])
             if reply[0] != "started":
                 raise OSError(f"the fork server could not fork: {reply[1]}")
-            with self._changed:
-                if reply[1] not in self._exits:
-                    self._started.add(reply[1])
         except BaseException:
             os.close(out_r)
             os.close(err_r)
@@ -181,7 +184,7 @@ class _Server:
     def running(self) -> bool:
         """Whether a worker of this server is still running."""
         with self._changed:
-            return bool(self._started) and not self._closed
+            return not self._closed and bool(self._pids - self._exits.keys())
 
     @property
     def alive(self) -> bool:
@@ -251,8 +254,7 @@ def start(module: str, args: list[str], env: dict, engine: str) -> ForkedProcess
     global _server
     if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
         return None
-    named = env.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
-    if named or any(env.get(name) for name in _GPU_VARS) or _gpus_visible():
+    if any(env.get(name) for name in _GPU_VARS) or _gpus_visible(env):
         return None
     preload = preload_for(engine)
     key = _key(env, preload)
@@ -267,7 +269,7 @@ def start(module: str, args: list[str], env: dict, engine: str) -> ForkedProcess
                 return None  # another job's workers are its children
             _server.close()
             _server = None
-        for attempt in (1, 2):
+        for _ in range(2):
             if _server is None:
                 try:
                     _server = _Server(key, _import_env(env), preload)
@@ -293,21 +295,17 @@ def shutdown() -> None:
             _server = None
 
 
-def _gpus_visible() -> bool:
-    """GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else
-    ``nvidia-smi``'s list, asked once)."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        from dist_dl.launch.device import visible_gpus
-
-        return bool(visible_gpus())
+def _gpus_visible(env: dict) -> bool:
+    """GPUs a worker with ``env`` may use: its ``CUDA_VISIBLE_DEVICES``, else
+    ``nvidia-smi``'s list (asked once)."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return bool(device.visible_gpus(env))
     return _machine_gpus()
 
 
 @functools.lru_cache(maxsize=None)
 def _machine_gpus() -> bool:
-    from dist_dl.launch.device import visible_gpus
-
-    return bool(visible_gpus())
+    return bool(device.visible_gpus({}))
 
 
 atexit.register(shutdown)

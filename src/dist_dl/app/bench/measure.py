@@ -4,11 +4,22 @@ worker's CPU went (:class:`CpuSampler`), and the time of each training step
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 from dist_dl.core import compat
 
-__all__ = ["MemoryPeaks", "CpuSampler", "thread_split", "StepRecorder", "rates_from_recorders"]
+__all__ = ["MemoryPeaks", "CpuSampler", "thread_split", "StepRecorder", "rates_from_recorders",
+           "machine_busy_seconds"]
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy since boot (``/proc/stat``:
+    every state but idle and I/O wait)."""
+    with open("/proc/stat") as f:
+        fields = [float(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 class _Sampler:
