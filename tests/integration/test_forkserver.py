@@ -164,16 +164,20 @@ def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported
     program = ("import json, importlib.util, sys\n"
                "from dist_dl.launch.forkserver import preload_for\n"
                "before = {e: preload_for(e) for e in ('horovod', 'tensorflow')}\n"
+               "told = preload_for('horovod', imported=['tensorflow'])\n"
                "import numpy, tensorflow\n"
                "after = preload_for('horovod')\n"
-               "print(json.dumps([before, after, importlib.util.find_spec('horovod') is not None]))")
+               "print(json.dumps([before, told, after,\n"
+               "                  importlib.util.find_spec('horovod') is not None]))")
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                          timeout=50, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    before, after, horovod = json.loads(out.stdout.strip().splitlines()[-1])
+    before, told, after, horovod = json.loads(out.stdout.strip().splitlines()[-1])
     # Nothing imported yet: a Horovod job's server imports nothing heavy;
     # tf.distribute's always imports TensorFlow.
     assert before == {"horovod": [], "tensorflow": ["tensorflow"]}
-    assert after == (["tensorflow", "horovod.tensorflow"] if horovod else ["tensorflow"])
+    # What the job's driver imported, where the launcher is a Spark task.
+    expected = ["tensorflow", "horovod.tensorflow"] if horovod else ["tensorflow"]
+    assert told == expected and after == expected
 
 
 @pytest.mark.timeout(120)
@@ -187,3 +191,33 @@ def test_without_setproctitle_workers_start_as_new_interpreters(tmp_path):
     assert forkserver.start("forked_probe", [str(tmp_path / "p.json"), "0"], env,
                             "horovod") is None
     assert forkserver._server is None
+
+
+@pytest.mark.needs("horovod.tensorflow")
+@pytest.mark.timeout(300)
+def test_horovod_workers_on_spark_fork_from_a_server_their_python_worker_keeps(spark, capsys):
+    import cloudpickle
+    import tensorflow  # noqa: F401  (the driver's frameworks are what the servers import)
+
+    import workers
+    from dist_dl import HorovodRunner
+
+    cloudpickle.register_pickle_by_value(workers)
+    jobs = [HorovodRunner(np=2, spark=spark, driver_log_verbosity="all").run(
+        workers.process_tree) for _ in range(2)]
+    for job in jobs:
+        assert sorted(w["rank"] for w in job) == [0, 1]
+        for worker in job:
+            # Forked by a server that imported the driver's framework and
+            # Horovod's binding of it, itself a child of the task's Python worker.
+            assert worker["server_cmdline"][1:3] == ["-m", "dist_dl.launch._fork_server"], worker
+            assert worker["server_cmdline"][4] == "tensorflow,horovod.tensorflow", worker
+            assert "pyspark.daemon" in " ".join(worker["task_cmdline"]), worker
+    # PySpark kept the Python workers (the tasks read their input through),
+    # and with them the servers: the second job forked from the same ones.
+    assert {w["task"] for w in jobs[0]} == {w["task"] for w in jobs[1]}
+    assert {w["server"] for w in jobs[0]} == {w["server"] for w in jobs[1]}
+    assert not {w["pid"] for w in jobs[0]} & {w["pid"] for w in jobs[1]}
+    out = capsys.readouterr().out
+    # Their output, prefixed as Horovod prefixes it.
+    assert "[0]<stdout>:forked rank 0" in out and "[1]<stdout>:forked rank 1" in out

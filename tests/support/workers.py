@@ -282,3 +282,20 @@ def import_shipped_for_horovod():
     import shipped_helper_for_horovod
 
     return shipped_helper_for_horovod.answer()
+
+
+def process_tree():
+    """Each rank's process, its parent and grandparent (pids, command lines),
+    gathered on every rank; prints a line first."""
+    import psutil
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    print(f"forked rank {hvd.rank()}", flush=True)
+    me = psutil.Process()
+    parent = me.parent()
+    grandparent = parent.parent()
+    return hvd.allgather_object({
+        "rank": hvd.rank(), "pid": me.pid, "server": parent.pid,
+        "server_cmdline": parent.cmdline(), "task": grandparent.pid,
+        "task_cmdline": grandparent.cmdline()})

@@ -16,8 +16,9 @@ import may read. A launch with another key ends the server and starts its
 own (or, while the server's workers of another job run, starts new
 interpreters). The server imports the engine's framework (tf.distribute's
 TensorFlow, PyTorch's) and the frameworks the launching process has
-imported itself, with Horovod's binding of each for Horovod jobs: workers
-get nothing that neither their engine nor their launcher uses.
+imported itself (or, in a Spark task, those the job's driver had imported:
+``dist_dl.launch.sparkfork``), with Horovod's binding of each for Horovod
+jobs: workers get nothing that neither their engine nor their driver uses.
 
 Workers are forked only where no GPU is visible to the launching process or
 named for its workers (CUDA's state must not cross a fork), and not where
@@ -39,7 +40,7 @@ from dist_dl.core import placement
 from dist_dl.launch import device
 from dist_dl.launch.worker import TASK_CONTEXT_VAR
 
-__all__ = ["ForkedProcess", "start", "shutdown", "SWITCH"]
+__all__ = ["ForkedProcess", "start", "shutdown", "imported_frameworks", "SWITCH"]
 
 SWITCH = "DIST_DL_FORK_WORKERS"
 # A server with no request and no worker for this long exits (its imports
@@ -225,11 +226,19 @@ def _key(env: dict, preload: list[str]) -> tuple:
     return sys.executable, os.getcwd(), tuple(preload), tuple(sorted(_import_env(env).items()))
 
 
-def preload_for(engine: str) -> list[str]:
+def imported_frameworks() -> list[str]:
+    """The frameworks (TensorFlow, PyTorch) this process has imported."""
+    return [name for name in _FRAMEWORKS if name in sys.modules]
+
+
+def preload_for(engine: str, imported: list[str] | None = None) -> list[str]:
     """The engine's own framework (tf.distribute's TensorFlow, PyTorch's)
-    and the frameworks this process has imported, with Horovod's binding of
-    each for Horovod jobs; those that import here."""
+    and the frameworks the launching side has imported (``imported``;
+    default: this process's), with Horovod's binding of each for Horovod
+    jobs; those that import here."""
     import importlib.util
+
+    imported = imported_frameworks() if imported is None else imported
 
     def found(name: str) -> bool:
         try:
@@ -239,7 +248,7 @@ def preload_for(engine: str) -> list[str]:
 
     names = []
     for framework, binding in _FRAMEWORKS.items():
-        if (framework == _ENGINE_FRAMEWORK.get(engine) or framework in sys.modules) \
+        if (framework == _ENGINE_FRAMEWORK.get(engine) or framework in imported) \
                 and found(framework):
             names.append(framework)
             if engine == "horovod" and found("horovod"):
@@ -247,16 +256,18 @@ def preload_for(engine: str) -> list[str]:
     return names
 
 
-def start(module: str, args: list[str], env: dict, engine: str) -> ForkedProcess | None:
+def start(module: str, args: list[str], env: dict, engine: str,
+          imported: list[str] | None = None) -> ForkedProcess | None:
     """Fork a worker that runs ``python -m module *args`` with ``env``;
     None where workers are not forked here (the caller starts a new
-    interpreter)."""
+    interpreter). ``imported``: the frameworks the job's driver imported,
+    where it is not this process (see :func:`preload_for`)."""
     global _server
     if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
         return None
     if any(env.get(name) for name in _GPU_VARS) or _gpus_visible(env):
         return None
-    preload = preload_for(engine)
+    preload = preload_for(engine, imported)
     key = _key(env, preload)
     with _lock:
         if key in _failed:

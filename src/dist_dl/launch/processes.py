@@ -24,7 +24,7 @@ from typing import Callable
 from dist_dl.launch import forkserver
 from dist_dl.launch.worker import launcher_path_env
 
-__all__ = ["WorkerProcesses"]
+__all__ = ["WorkerProcesses", "end_process_groups"]
 
 _ENTRY = "dist_dl.launch._worker_main"
 
@@ -94,13 +94,15 @@ class WorkerProcesses:
 
     def stop(self) -> None:
         """End every worker and everything it started; wait for their output."""
-        _stop(self.procs)
+        end_process_groups(self.procs)
         for reader in self._readers:
             reader.join(5)
 
 
-def _stop(procs: list) -> None:
-    """End every worker and everything it started (its whole process group)."""
+def end_process_groups(procs: list) -> None:
+    """End every process of ``procs`` (each the leader of its own process
+    group, with ``pid`` and ``wait``) and everything it started: SIGTERM and
+    SIGCONT to each group, up to 5 s, then SIGKILL."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         alive = False
         for proc in procs:

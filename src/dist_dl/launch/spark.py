@@ -385,9 +385,17 @@ def _wrap_horovod_tasks() -> None:
     function (``horovod.spark.runner._make_mapper``'s mapper, wrapped here
     once per process):
 
+    - the task's input read through: Horovod's mapper ignores it (a number
+      per task), and PySpark does not return a Python worker to its pool
+      when input is left unread after the task's function (pyspark/worker.py,
+      "check end of stream"), so every Horovod job started new Python
+      workers and the executor's fork server went with them;
     - :func:`dist_dl.launch.termination.prompt_termination`: the task ends
       its worker processes promptly when the job is aborted or the task
       killed (Horovod's own sequence waits out 5 s it can never use);
+    - :func:`dist_dl.launch.sparkfork.install`: the worker processes are
+      forked from the Python worker's fork server, which imports the
+      frameworks the driver had imported when the job started;
     - the task's ``sys.path`` into its environment
       (:func:`dist_dl.launch.worker.launcher_path_env`), which the worker
       takes before it unpickles the user's function
@@ -398,6 +406,8 @@ def _wrap_horovod_tasks() -> None:
       task's ``sys.path`` only."""
     from horovod.spark import runner
 
+    from dist_dl.launch import sparkfork
+    from dist_dl.launch.forkserver import imported_frameworks
     from dist_dl.launch.termination import prompt_termination
 
     make_mapper = runner._make_mapper
@@ -406,9 +416,13 @@ def _wrap_horovod_tasks() -> None:
 
     def _make_mapper(*args, **kwargs):
         mapper = make_mapper(*args, **kwargs)
+        frameworks = imported_frameworks()
 
         def task(index, rows):
+            for _ in rows:
+                pass
             prompt_termination()
+            sparkfork.install(frameworks)
             os.environ.update(launcher_path_env())
             return mapper(index, rows)
 
