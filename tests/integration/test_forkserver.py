@@ -221,3 +221,21 @@ def test_horovod_workers_on_spark_fork_from_a_server_their_python_worker_keeps(s
     out = capsys.readouterr().out
     # Their output, prefixed as Horovod prefixes it.
     assert "[0]<stdout>:forked rank 0" in out and "[1]<stdout>:forked rank 1" in out
+
+
+@pytest.mark.parametrize("engine", ["horovod", "tensorflow"])
+@pytest.mark.timeout(300)
+def test_the_drivers_switch_reaches_the_workers_on_spark_tasks(spark, monkeypatch, engine):
+    import cloudpickle
+
+    import workers
+    from dist_dl import HorovodRunner, TFDistributeRunner
+
+    cloudpickle.register_pickle_by_value(workers)
+    runner = {"horovod": HorovodRunner, "tensorflow": TFDistributeRunner}[engine]
+    forked = runner(np=2, spark=spark).run(workers.parent_command)
+    assert forked[1:3] == ["-m", "dist_dl.launch._fork_server"], forked
+    # DIST_DL_FORK_WORKERS=0 on the driver: its Spark tasks start new interpreters.
+    monkeypatch.setenv("DIST_DL_FORK_WORKERS", "0")
+    started = runner(np=2, spark=spark).run(workers.parent_command)
+    assert "dist_dl.launch._fork_server" not in started, started

@@ -299,3 +299,10 @@ def process_tree():
         "rank": hvd.rank(), "pid": me.pid, "server": parent.pid,
         "server_cmdline": parent.cmdline(), "task": grandparent.pid,
         "task_cmdline": grandparent.cmdline()})
+
+
+def parent_command():
+    """The command line of this worker's parent process."""
+    import psutil
+
+    return psutil.Process().parent().cmdline()

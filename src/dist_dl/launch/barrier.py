@@ -53,7 +53,7 @@ from dist_dl.core.placement import TASK_GPUS_VAR
 from dist_dl.core.session import get_spark, job_group
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled
-from dist_dl.launch import protocol
+from dist_dl.launch import forkserver, protocol
 from dist_dl.launch.device import WORKER_GPUS_VAR
 from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
 from dist_dl.launch.local import LocalBackend, run_processes
@@ -328,7 +328,8 @@ class BarrierSparkBackend:
                                      kwargs))
         task = functools.partial(_barrier_task, payload, server.address, server.token,
                                  options.timeout, self.grace, label, self.engine, layout,
-                                 (self.gpu_resource, self.worker_gpus))
+                                 (self.gpu_resource, self.worker_gpus),
+                                 forkserver.driver_switch())
         expired = threading.Event()
         backstop = None
         if options.timeout:
@@ -457,9 +458,11 @@ def _save_task_context(ctx, path: str) -> None:
 
 def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: float | None,
                   grace: float, label: str, engine: Engine, layout: list[int],
-                  gpu_plan: tuple[str, list[int] | None], _partition) -> Any:
+                  gpu_plan: tuple[str, list[int] | None], switch: dict[str, str],
+                  _partition) -> Any:
     """One Spark barrier task: runs its workers of the job as child processes
-    and yields (its first rank, pickled result for rank 0 else None)."""
+    and yields (its first rank, pickled result for rank 0 else None).
+    ``switch``: the driver's setting of the fork server's switch, if any."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -486,7 +489,8 @@ def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: 
                 gpus = ctx.resources().get(resource)
                 own = _task_gpus(ctx, place, resource, counts) if counts is not None else None
                 for local in range(layout[place]):
-                    env = engine.worker_env(dict(os.environ), places, place, local, layout)
+                    env = engine.worker_env({**os.environ, **switch}, places, place, local,
+                                            layout)
                     env[TASK_CONTEXT_VAR] = context_path
                     if own is not None:
                         env = with_gpus(env, own)

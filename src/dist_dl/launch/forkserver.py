@@ -40,7 +40,8 @@ from dist_dl.core import placement
 from dist_dl.launch import device
 from dist_dl.launch.worker import TASK_CONTEXT_VAR
 
-__all__ = ["ForkedProcess", "start", "shutdown", "imported_frameworks", "SWITCH"]
+__all__ = ["ForkedProcess", "start", "shutdown", "imported_frameworks", "driver_switch",
+           "SWITCH"]
 
 SWITCH = "DIST_DL_FORK_WORKERS"
 # A server with no request and no worker for this long exits (its imports
@@ -224,6 +225,13 @@ def _import_env(env: dict) -> dict:
 
 def _key(env: dict, preload: list[str]) -> tuple:
     return sys.executable, os.getcwd(), tuple(preload), tuple(sorted(_import_env(env).items()))
+
+
+def driver_switch() -> dict[str, str]:
+    """This process's setting of :data:`SWITCH`, if any, for the environment
+    of workers it starts elsewhere (Spark tasks): ``DIST_DL_FORK_WORKERS=0``
+    on the driver reaches its jobs' workers on the executors too."""
+    return {SWITCH: os.environ[SWITCH]} if SWITCH in os.environ else {}
 
 
 def imported_frameworks() -> list[str]:

@@ -18,6 +18,7 @@ from dist_dl.core import compat
 from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
+from dist_dl.launch import forkserver
 from dist_dl.launch.network import interface_holding, is_loopback, resolve
 from dist_dl.launch.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
                                    runner_prefix)
@@ -205,7 +206,7 @@ class SparkBackend:
                     results = horovod.spark.run(
                         worker_fn, num_proc=num_proc, start_timeout=int(self.start_timeout),
                         use_gloo=True, stdout=stream, stderr=stream, verbose=0,
-                        env=compat.worker_env(),
+                        env={**compat.worker_env(), **forkserver.driver_switch()},
                         nics=set(self.nics) if self.nics else cluster_nics(spark))
             except Exception as exc:
                 sink.close()
@@ -407,7 +408,6 @@ def _wrap_horovod_tasks() -> None:
     from horovod.spark import runner
 
     from dist_dl.launch import sparkfork
-    from dist_dl.launch.forkserver import imported_frameworks
     from dist_dl.launch.termination import prompt_termination
 
     make_mapper = runner._make_mapper
@@ -416,7 +416,7 @@ def _wrap_horovod_tasks() -> None:
 
     def _make_mapper(*args, **kwargs):
         mapper = make_mapper(*args, **kwargs)
-        frameworks = imported_frameworks()
+        frameworks = forkserver.imported_frameworks()
 
         def task(index, rows):
             for _ in rows:
