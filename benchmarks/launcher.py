@@ -13,10 +13,12 @@
    allreduces once, its workers forked from the fork server
    (``dist_dl.launch.forkserver``, the default) and started as new
    interpreters (``DIST_DL_FORK_WORKERS=0``), interleaved; the wall seconds
-   and the machine's CPU seconds (``/proc/stat``) of each job. The server's
-   own start is left out (a warm-up job before the rounds): it is paid once
-   per driver process and environment. Written to ``--results``
-   (``worker_start.*``).
+   and the machine's CPU seconds (``/proc/stat``) of each job. The same for
+   ``HorovodRunner(np=2)`` on local[2] Spark, whose workers fork from a
+   server in each task's Python worker (``dist_dl.launch.sparkfork``). The
+   servers' own start is left out (a warm-up job of each before the rounds):
+   it is paid once per driver process (or Python worker) and environment.
+   Written to ``--results`` (``worker_start.*``, ``worker_start.spark.*``).
 
 Usage: .venv/bin/python benchmarks/launcher.py [--rounds 5] [--results benchmarks/results.json]
 """
@@ -59,25 +61,27 @@ def allreduce_once():
     return float(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0])
 
 
-def worker_start(rounds: int) -> dict:
-    """Wall and CPU seconds of a 2-worker local job, forked and new interpreters."""
+def worker_start(rounds: int, np: int, spark=None) -> dict:
+    """Wall and CPU seconds of a 2-worker job (``np=-2``: local processes;
+    ``np=2``: Spark tasks), forked and new interpreters."""
     import tensorflow  # noqa: F401 - the driver of a Keras job has imported it
 
     from dist_dl import HorovodRunner
     from dist_dl.app.bench.measure import machine_busy_seconds
+    from dist_dl.launch.forkserver import SWITCH
 
     setups = {"forked": "1", "new_interpreter": "0"}
     found = {name: {"wall": [], "cpu": []} for name in setups}
-    os.environ["DIST_DL_FORK_WORKERS"] = "1"
-    HorovodRunner(np=-2).run(allreduce_once)  # the fork server starts
+    os.environ[SWITCH] = "1"
+    HorovodRunner(np=np, spark=spark).run(allreduce_once)  # the fork servers start
     for _ in range(rounds):
         for name, switch in setups.items():
-            os.environ["DIST_DL_FORK_WORKERS"] = switch
+            os.environ[SWITCH] = switch
             cpu0, t0 = machine_busy_seconds(), time.monotonic()
-            assert HorovodRunner(np=-2).run(allreduce_once) == 2.0
+            assert HorovodRunner(np=np, spark=spark).run(allreduce_once) == 2.0
             found[name]["wall"].append(time.monotonic() - t0)
             found[name]["cpu"].append(machine_busy_seconds() - cpu0)
-    os.environ.pop("DIST_DL_FORK_WORKERS")
+    os.environ.pop(SWITCH)
     return found
 
 
@@ -91,13 +95,13 @@ def main():
     parser.add_argument("--results", default=os.path.join(os.path.dirname(
         os.path.abspath(__file__)), "results.json"), help="results file ('' for none)")
     args = parser.parse_args()
-    starts = worker_start(args.rounds)
     import horovod.runner
 
     from dist_dl import HorovodRunner
     from dist_dl.core.session import get_spark
 
     spark = get_spark("local[2]")
+    starts = {"": worker_start(args.rounds, -2), "spark.": worker_start(args.rounds, 2, spark)}
     setups = {
         "HorovodRunner(np=-2)": lambda fn: HorovodRunner(np=-2).run(fn),
         "HorovodRunner(np=2), local[2] Spark": lambda fn: HorovodRunner(np=2, spark=spark).run(fn),
@@ -122,19 +126,23 @@ def main():
     print("\n| setup | idle worker CPU s per wall s, median (spread) |\n|---|---|")
     for name, values in idle.items():
         print(f"| {name} | {_summary(values)} |")
-    print("\n| HorovodRunner(np=-2), 2 workers | job wall s | machine CPU s per job |\n|---|---|---|")
-    for name, values in starts.items():
-        print(f"| {name} | {_summary(values['wall'])} | {_summary(values['cpu'])} |")
+    print("\n| 2-worker job | workers | job wall s | machine CPU s per job |\n|---|---|---|---|")
+    for prefix, found in starts.items():
+        job = "HorovodRunner(np=2), local[2] Spark" if prefix else "HorovodRunner(np=-2)"
+        for name, values in found.items():
+            print(f"| {job} | {name} | {_summary(values['wall'])} | {_summary(values['cpu'])} |")
     if args.results:
         from dist_dl.app.bench.results import merge_results, result_entry
 
-        new, forked = starts["new_interpreter"], starts["forked"]
-        entries = {f"worker_start.{kind}_s.{name}": result_entry(values[kind])
-                   for name, values in starts.items() for kind in ("wall", "cpu")}
-        # Per round, side by side: how many times the forked job is faster / cheaper.
-        for kind in ("wall", "cpu"):
-            entries[f"worker_start.{kind}_ratio"] = result_entry(
-                [n / f for n, f in zip(new[kind], forked[kind])])
+        entries = {}
+        for prefix, found in starts.items():
+            new, forked = found["new_interpreter"], found["forked"]
+            entries.update({f"worker_start.{prefix}{kind}_s.{name}": result_entry(values[kind])
+                            for name, values in found.items() for kind in ("wall", "cpu")})
+            # Per round, side by side: how many times the forked job is faster / cheaper.
+            for kind in ("wall", "cpu"):
+                entries[f"worker_start.{prefix}{kind}_ratio"] = result_entry(
+                    [n / f for n, f in zip(new[kind], forked[kind])])
         merge_results(args.results, entries)
 
 
