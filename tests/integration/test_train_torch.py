@@ -67,6 +67,12 @@ def trained_digits(digits, store, tmp_path_factory):
         tracking_uri=store, output_dir=str(tmp_path_factory.mktemp("out")))
 
 
+# The tests that read trained_digits (ten epochs of two workers) run in one
+# test process, which trains once: under xdist each process that runs a test
+# of this module sets the module's fixtures up again.
+SHARES_TRAINED_DIGITS = pytest.mark.xdist_group("torch_trained_digits")
+
+
 def _state(trained) -> dict:
     return {k: v.detach().numpy() for k, v in trained.torch_model().state_dict().items()}
 
@@ -76,6 +82,7 @@ def _max_difference(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
+@SHARES_TRAINED_DIGITS
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_digits_learn_on_two_torch_workers_and_everything_is_in_the_run(trained_digits, store):
@@ -103,6 +110,7 @@ def test_digits_learn_on_two_torch_workers_and_everything_is_in_the_run(trained_
         trained.keras_model()
 
 
+@SHARES_TRAINED_DIGITS
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_the_logged_model_scores_like_transform_also_where_dist_dl_is_not_installed(
