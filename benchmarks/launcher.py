@@ -101,7 +101,11 @@ def main():
     from dist_dl.core.session import get_spark
 
     spark = get_spark("local[2]")
-    starts = {"": worker_start(args.rounds, -2), "spark.": worker_start(args.rounds, 2, spark)}
+    # Section 3's jobs: the label of each in the table, the prefix of its keys.
+    jobs = {"HorovodRunner(np=-2)": ("", -2),
+            "HorovodRunner(np=2), local[2] Spark": ("spark.", 2)}
+    starts = {label: worker_start(args.rounds, np, spark if np > 0 else None)
+              for label, (_, np) in jobs.items()}
     setups = {
         "HorovodRunner(np=-2)": lambda fn: HorovodRunner(np=-2).run(fn),
         "HorovodRunner(np=2), local[2] Spark": lambda fn: HorovodRunner(np=2, spark=spark).run(fn),
@@ -127,15 +131,15 @@ def main():
     for name, values in idle.items():
         print(f"| {name} | {_summary(values)} |")
     print("\n| 2-worker job | workers | job wall s | machine CPU s per job |\n|---|---|---|---|")
-    for prefix, found in starts.items():
-        job = "HorovodRunner(np=2), local[2] Spark" if prefix else "HorovodRunner(np=-2)"
+    for label, found in starts.items():
         for name, values in found.items():
-            print(f"| {job} | {name} | {_summary(values['wall'])} | {_summary(values['cpu'])} |")
+            print(f"| {label} | {name} | {_summary(values['wall'])} | {_summary(values['cpu'])} |")
     if args.results:
         from dist_dl.app.bench.results import merge_results, result_entry
 
         entries = {}
-        for prefix, found in starts.items():
+        for label, found in starts.items():
+            prefix = jobs[label][0]
             new, forked = found["new_interpreter"], found["forked"]
             entries.update({f"worker_start.{prefix}{kind}_s.{name}": result_entry(values[kind])
                             for name, values in found.items() for kind in ("wall", "cpu")})
