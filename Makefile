@@ -64,6 +64,10 @@ else
 $(error PROFILE=$(PROFILE) is not a profile: leave it unset ($(DEFAULT_PROFILE)), or use dbr-16.4-ml or dbr-17.3-ml)
 endif
 PY     := $(VENV)/bin/python
+# Environments may be installed at once (.ci/run installs every profile's side by
+# side): their editable installs of dist_dl write the same src/dist_dl.egg-info,
+# so they take turns, holding a lock on setup.py (util-linux's flock).
+EDITABLE := flock setup.py
 PIP    := $(PY) -m pip
 # An environment's stamp names the profile it holds. One that holds another
 # profile's stamp (a checkout whose default profile changed) is made anew:
@@ -104,7 +108,7 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	# --no-cache-dir: pip's wheel cache is shared by every environment of the machine
 	# and knows nothing of the TensorFlow a cached Horovod was built against.
 	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
-	$(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(EDITABLE) $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
 	touch $(STAMP)
 
@@ -120,7 +124,7 @@ $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
 	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools
-	$(UNIT_PY) -m pip install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
+	$(EDITABLE) $(UNIT_PY) -m pip install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
 	touch $(UNIT_STAMP)
 
 demo: $(STAMP)
