@@ -44,14 +44,23 @@ spark.stop()
 @functools.lru_cache(maxsize=None)
 def class_archive() -> Path:
     """Where this environment's archive lives: keyed by the Python
-    environment, its PySpark and the ``java`` on PATH (an archive fits only
-    the JVM and class path it was made with), in the ignored ``runs/``."""
+    environment, its PySpark install and the ``java`` on PATH, in the ignored
+    ``runs/``. An archive fits only the JVM and the class path it was made
+    with, jar files' times included: the JVM refuses one made before PySpark
+    was installed again (and warns at every start), so the jars folder's
+    time is part of the key."""
     import pyspark
 
     java = shutil.which("java") or ""
     java_id = f"{os.path.realpath(java)}:{os.stat(java).st_mtime_ns}" if java else ""
-    key = hashlib.sha1(f"{sys.prefix}|{pyspark.__version__}|{java_id}".encode()).hexdigest()[:12]
-    return Path(__file__).resolve().parents[2] / "runs" / "tests" / "jvm" / f"spark-{key}.jsa"
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    spark_id = f"{pyspark.__version__}:{os.stat(jars).st_mtime_ns if os.path.isdir(jars) else 0}"
+    return (Path(__file__).resolve().parents[2] / "runs" / "tests" / "jvm"
+            / f"spark-{_digest(sys.prefix)}-{_digest(f'{spark_id}|{java_id}')}.jsa")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
 def ensure_class_archive(timeout: float = 300) -> Path | None:
@@ -73,6 +82,11 @@ def ensure_class_archive(timeout: float = 300) -> Path | None:
                        timeout=timeout, check=True)
         if partial.exists():
             os.replace(partial, target)  # whole or not at all: JVMs may read it at once
+            # This environment's older archives (made before a reinstall) fit no JVM now.
+            environment = target.name.rsplit("-", 1)[0]
+            for old in target.parent.glob(f"{environment}-*.jsa"):
+                if old != target:
+                    old.unlink(missing_ok=True)
     except (subprocess.SubprocessError, OSError):
         pass
     finally:
