@@ -26,6 +26,14 @@ def pytest_configure(config):
         _stderr = os.fdopen(os.dup(2), "w")  # before output capture replaces fd 2
 
 
+def pytest_unconfigure(config):
+    global _stderr
+    if _stderr is not None:
+        faulthandler.cancel_dump_traceback_later()
+        _stderr.close()
+        _stderr = None
+
+
 def _timeout(item) -> float:
     """The test's timeout: its marker's, else pytest.ini's (0: none)."""
     marker = item.get_closest_marker("timeout")
