@@ -101,14 +101,14 @@ def main():
     from dist_dl.core.session import get_spark
 
     spark = get_spark("local[2]")
+    local, on_spark = "HorovodRunner(np=-2)", "HorovodRunner(np=2), local[2] Spark"
     # Section 3's jobs: the label of each in the table, the prefix of its keys.
-    jobs = {"HorovodRunner(np=-2)": ("", -2),
-            "HorovodRunner(np=2), local[2] Spark": ("spark.", 2)}
+    jobs = {local: ("", -2), on_spark: ("spark.", 2)}
     starts = {label: worker_start(args.rounds, np, spark if np > 0 else None)
               for label, (_, np) in jobs.items()}
     setups = {
-        "HorovodRunner(np=-2)": lambda fn: HorovodRunner(np=-2).run(fn),
-        "HorovodRunner(np=2), local[2] Spark": lambda fn: HorovodRunner(np=2, spark=spark).run(fn),
+        local: lambda fn: HorovodRunner(np=-2).run(fn),
+        on_spark: lambda fn: HorovodRunner(np=2, spark=spark).run(fn),
         "horovod.runner.run(np=2) (baseline)": lambda fn: horovod.runner.run(
             fn, np=2, use_gloo=True, verbose=0)[0],
     }

@@ -30,4 +30,3 @@ def test_a_spark_driver_maps_the_class_archive_of_this_environment():
                           env=dict(os.environ, SPARK_SUBMIT_OPTS=f"{options} -Xshare:on"))
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Unable to use shared archive" not in done.stderr
-

@@ -55,12 +55,16 @@ def class_archive() -> Path:
     java_id = f"{os.path.realpath(java)}:{os.stat(java).st_mtime_ns}" if java else ""
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
     spark_id = f"{pyspark.__version__}:{os.stat(jars).st_mtime_ns if os.path.isdir(jars) else 0}"
-    return (Path(__file__).resolve().parents[2] / "runs" / "tests" / "jvm"
-            / f"spark-{_digest(sys.prefix)}-{_digest(f'{spark_id}|{java_id}')}.jsa")
+    return _ARCHIVES / f"{_ENVIRONMENT}-{_digest(f'{spark_id}|{java_id}')}.jsa"
 
 
 def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+_ARCHIVES = Path(__file__).resolve().parents[2] / "runs" / "tests" / "jvm"
+# The start of the names of this Python environment's archives.
+_ENVIRONMENT = f"spark-{_digest(sys.prefix)}"
 
 
 def ensure_class_archive(timeout: float = 300) -> Path | None:
@@ -83,8 +87,7 @@ def ensure_class_archive(timeout: float = 300) -> Path | None:
         if partial.exists():
             os.replace(partial, target)  # whole or not at all: JVMs may read it at once
             # This environment's older archives (made before a reinstall) fit no JVM now.
-            environment = target.name.rsplit("-", 1)[0]
-            for old in target.parent.glob(f"{environment}-*.jsa"):
+            for old in _ARCHIVES.glob(f"{_ENVIRONMENT}-*.jsa"):
                 if old != target:
                     old.unlink(missing_ok=True)
     except (subprocess.SubprocessError, OSError):
