@@ -88,27 +88,46 @@ def test_forked_siblings_draw_different_random_numbers_and_a_signal_is_the_exit_
         assert proc.wait(30) == -signal.SIGKILL
 
 
-@pytest.mark.timeout(120)
-def test_one_server_per_import_key_and_none_replaced_under_running_workers(tmp_path):
+def _servers() -> list:
+    return list(forkserver._servers.values())
+
+
+@pytest.mark.timeout(180)
+def test_one_server_per_import_key_kept_side_by_side_and_none_ended_under_running_workers(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", 2)
     first = forkserver.start("forked_probe", [str(tmp_path / "a.json"), "sleep"], _env(), "horovod")
-    server = forkserver._server
-    # Per-rank variables are not part of the key: the same server.
+    [server] = _servers()
+    # Per-job and per-rank variables are not part of the key: the same server.
     second = forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"],
-                              _env(HOROVOD_RANK="1", TF_CONFIG="{}", _HOROVOD_SECRET_KEY="k"),
+                              _env(HOROVOD_RANK="1", TF_CONFIG="{}", _HOROVOD_SECRET_KEY="k",
+                                   NCCL_SOCKET_IFNAME="lo", CUDA_VISIBLE_DEVICES=""),
                               "horovod")
-    assert forkserver._server is server and second.wait(60) == 0
-    # Another key while the first worker runs: a new interpreter, the server kept.
-    assert forkserver.start("forked_probe", [str(tmp_path / "c.json"), "0"],
-                            _env(PROBE_SETTING="other"), "horovod") is None
-    assert forkserver._server is server
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(30)
-    # Now the other key replaces it: the old server exits.
-    third = forkserver.start("forked_probe", [str(tmp_path / "d.json"), "0"],
+    assert _servers() == [server] and second.wait(60) == 0
+    # Another key: a server of its own beside the first, whose worker runs on.
+    other = forkserver.start("forked_probe", [str(tmp_path / "c.json"), "0"],
                              _env(PROBE_SETTING="other"), "horovod")
-    assert third.wait(60) == 0 and forkserver._server is not server
-    assert _state(tmp_path / "d.json")["env"]["PROBE_SETTING"] == "other"
-    assert not psutil.pid_exists(server._proc.pid)
+    assert other.wait(60) == 0 and first.poll() is None
+    server, other_server = _servers()
+    assert _state(tmp_path / "c.json")["env"]["PROBE_SETTING"] == "other"
+    # Back to the first key: its server again, nothing imported anew.
+    again = forkserver.start("forked_probe", [str(tmp_path / "d.json"), "0"], _env(), "horovod")
+    assert again.wait(60) == 0 and _servers() == [other_server, server]
+    # A third key beyond MAX_SERVERS ends the least recently used idle server.
+    third = forkserver.start("forked_probe", [str(tmp_path / "e.json"), "0"],
+                             _env(PROBE_SETTING="third"), "horovod")
+    assert third.wait(60) == 0 and _servers()[0] is server and len(_servers()) == 2
+    assert not psutil.pid_exists(other_server._proc.pid)
+    # A fourth while every kept server's workers run: a new interpreter, none ended.
+    third_server = _servers()[1]
+    busy = forkserver.start("forked_probe", [str(tmp_path / "f.json"), "sleep"],
+                            _env(PROBE_SETTING="third"), "horovod")
+    assert forkserver.start("forked_probe", [str(tmp_path / "g.json"), "0"],
+                            _env(PROBE_SETTING="fourth"), "horovod") is None
+    assert _servers() == [server, third_server]
+    for worker in (first, busy):
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
 
 
 @pytest.mark.timeout(60)
@@ -117,7 +136,7 @@ def test_workers_that_use_a_gpu_or_are_told_not_to_start_as_new_interpreters(tmp
     assert forkserver.start("forked_probe", args, _env(CUDA_VISIBLE_DEVICES="0"), "horovod") is None
     assert forkserver.start("forked_probe", args, _env(DIST_DL_WORKER_GPUS="1"), "horovod") is None
     assert forkserver.start("forked_probe", args, _env(DIST_DL_FORK_WORKERS="0"), "horovod") is None
-    assert forkserver._server is None
+    assert _servers() == []
 
 
 @pytest.mark.timeout(120)
@@ -125,11 +144,11 @@ def test_an_idle_server_exits_and_the_next_launch_starts_another(tmp_path, monke
     monkeypatch.setattr(forkserver, "IDLE_SECONDS", 1.0)
     assert forkserver.start("forked_probe", [str(tmp_path / "a.json"), "0"], _env(),
                             "horovod").wait(60) == 0
-    server = forkserver._server
+    [server] = _servers()
     assert left_after(lambda: [server._proc.pid] if server._proc.poll() is None else [], 30) == []
     assert forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"], _env(),
                             "horovod").wait(60) == 0
-    assert forkserver._server is not server
+    assert _servers() and server not in _servers()
 
 
 @pytest.mark.timeout(120)
@@ -142,7 +161,8 @@ def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
         worker = forkserver.start("forked_probe", [{str(tmp_path / 'w.json')!r}, "sleep"], env,
                                   "horovod")
         worker.stdout.readline()
-        print(worker.pid, forkserver._server._proc.pid, flush=True)
+        [server] = forkserver._servers.values()
+        print(worker.pid, server._proc.pid, flush=True)
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
@@ -190,7 +210,7 @@ def test_without_setproctitle_workers_start_as_new_interpreters(tmp_path):
     env = _env(DIST_DL_SYS_PATH=json.dumps([str(blocker)] + [p for p in sys.path if p]))
     assert forkserver.start("forked_probe", [str(tmp_path / "p.json"), "0"], env,
                             "horovod") is None
-    assert forkserver._server is None
+    assert _servers() == []
 
 
 @pytest.mark.needs("horovod.tensorflow")

@@ -49,6 +49,9 @@ SWITCH = "DIST_DL_FORK_WORKERS"
 IDLE_SECONDS = 300.0
 # How long the first launch waits for the server's imports.
 READY_SECONDS = 180.0
+# Servers a launching process keeps (one per import key): each holds its
+# imports' memory (a few hundred MB with TensorFlow) until it idles out.
+MAX_SERVERS = 3
 # The GPUs the launchers give a worker.
 _GPU_VARS = (placement.TASK_GPUS_VAR, device.WORKER_GPUS_VAR)
 # Set per job or rank by the launchers; not part of what an import reads.
@@ -56,6 +59,14 @@ _PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", 
                "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE",
                "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", TASK_CONTEXT_VAR,
                placement.HOST_SHARE_VAR, *_GPU_VARS,
+               # The interfaces Horovod's launcher (NCCL) and dist_dl's torch
+               # launcher (Gloo, NCCL) name per job; read when a collective
+               # starts, not at import.
+               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+               # Workers are forked only where no GPU is visible to them
+               # (_gpus_visible): CUDA is not initialised by an import, and each
+               # worker gets its own value in its environment.
+               "CUDA_VISIBLE_DEVICES",
                # pytest's name of the running test
                "PYTEST_CURRENT_TEST")
 _FRAMEWORKS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
@@ -212,7 +223,8 @@ class _Server:
 
 _MAX_REPLY = 1 << 16
 _lock = threading.Lock()
-_server: _Server | None = None
+# Import key -> server, least recently used first.
+_servers: dict[tuple, _Server] = {}
 _failed: set[tuple] = set()
 
 
@@ -270,7 +282,6 @@ def start(module: str, args: list[str], env: dict, engine: str,
     None where workers are not forked here (the caller starts a new
     interpreter). ``imported``: the frameworks the job's driver imported,
     where it is not this process (see :func:`preload_for`)."""
-    global _server
     if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
         return None
     if any(env.get(name) for name in _GPU_VARS) or _gpus_visible(env):
@@ -280,38 +291,45 @@ def start(module: str, args: list[str], env: dict, engine: str,
     with _lock:
         if key in _failed:
             return None
-        if _server is not None and not _server.alive:
-            _server.close()
-            _server = None
-        if _server is not None and _server.key != key:
-            if _server.running():
-                return None  # another job's workers are its children
-            _server.close()
-            _server = None
+        for gone in [k for k, server in _servers.items() if not server.alive]:
+            _servers.pop(gone).close()
         for _ in range(2):
-            if _server is None:
+            server = _servers.pop(key, None)
+            if server is None:
+                if not _make_room():
+                    return None  # every server's workers of other jobs run
                 try:
-                    _server = _Server(key, _import_env(env), preload)
+                    server = _Server(key, _import_env(env), preload)
                 except OSError:
                     _failed.add(key)
                     return None
+            _servers[key] = server  # now the most recently used
             try:
-                return _server.fork(module, args, env)
+                return server.fork(module, args, env)
             except OSError:
                 # An idle server that exited as the request went out: once more
                 # with a new one, then a new interpreter.
-                _server.close()
-                _server = None
+                _servers.pop(key).close()
         return None
 
 
+def _make_room() -> bool:
+    """Below :data:`MAX_SERVERS` servers, ending the least recently used idle
+    one if need be; False where every server has workers running."""
+    if len(_servers) < MAX_SERVERS:
+        return True
+    for key, server in _servers.items():
+        if not server.running():
+            _servers.pop(key).close()
+            return True
+    return False
+
+
 def shutdown() -> None:
-    """End this process's fork server, if any (at exit, too)."""
-    global _server
+    """End this process's fork servers, if any (at exit, too)."""
     with _lock:
-        if _server is not None:
-            _server.close()
-            _server = None
+        while _servers:
+            _servers.pop(next(iter(_servers))).close()
 
 
 def _gpus_visible(env: dict) -> bool:
