@@ -161,8 +161,10 @@ def test_workers_get_keras_2_where_keras_3_is_the_default():
     else:
         assert env[1] != "tf_keras"
     # AutoGraph converts none of Keras's own functions, tf-keras's included
-    # (TensorFlow 2.16's rules name only `keras`: compat.skip_autograph_of_tf_keras).
+    # (TensorFlow 2.16's rules name only `keras`: compat.skip_autograph_of_tf_keras),
+    # nor Horovod's (no TensorFlow's rules name it: compat.skip_autograph_of_horovod).
     assert env[2] is True
+    assert env[3] == [True, True, True]
 
 
 @pytest.mark.profile_subset_164

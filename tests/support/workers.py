@@ -237,12 +237,17 @@ def progress_bar(steps: int = 3):
 
 def keras_in_worker():
     """The worker's TF_USE_LEGACY_KERAS, the package tf.keras comes from, and
-    whether AutoGraph leaves that package's own functions alone."""
+    whether AutoGraph leaves that package's own functions alone, and Horovod's
+    (those a training step calls)."""
+    import horovod.tensorflow as hvd
     import tensorflow as tf
+    from horovod.common import basics
     from tensorflow.python.autograph.impl import conversion
 
     return (os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0],
-            conversion.is_allowlisted(tf.keras.Model.train_step))
+            conversion.is_allowlisted(tf.keras.Model.train_step),
+            [conversion.is_allowlisted(f) for f in (hvd.allreduce, hvd.Compression.none.compress,
+                                                    basics.HorovodBasics.size)])
 
 
 def keras3_overflow_on_one_worker(agree: bool = True):

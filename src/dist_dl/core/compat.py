@@ -41,6 +41,14 @@ that rule where it is missing: ``keras()`` does it when it gives ``tf_keras``,
 and workers (``keras_worker_fixes``) do it when their code first imports
 ``tf_keras``, through ``tf.keras`` or directly.
 
+No TensorFlow's rules name Horovod, whose TensorFlow binding is graph code
+(it runs in TensorFlow 1 graphs, where nothing converts it): the first step
+of a model compiled with Horovod's ``DistributedOptimizer`` converts about
+180 of Horovod's functions (rank, size, the allreduce, compression, process
+sets), about 1 CPU second per worker. Workers add that rule too
+(``skip_autograph_of_horovod``) when their code first imports
+``horovod.tensorflow``.
+
 One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
 ``as_shallow_dict`` on its settings classes (``shallow_fields``).
 
@@ -275,28 +283,42 @@ def patch_horovod_keras() -> None:
         _after_import(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend)
 
 
+def _skip_autograph(package: str) -> None:
+    """Add AutoGraph's rule that leaves ``package``'s functions alone, where
+    TensorFlow's autograph is imported and no rule names it yet."""
+    config = sys.modules.get("tensorflow.python.autograph.core.config")
+    config_lib = sys.modules.get("tensorflow.python.autograph.core.config_lib")
+    if config is None or config_lib is None:
+        return
+    if not any(rule.matches(package) for rule in config.CONVERSION_RULES
+               if isinstance(rule, config_lib.DoNotConvert)):
+        config.CONVERSION_RULES = (*config.CONVERSION_RULES, config_lib.DoNotConvert(package))
+
+
 def skip_autograph_of_tf_keras(module=None) -> None:
     """Have AutoGraph leave tf-keras's own functions alone, as it does the
     ``keras`` package's, where this TensorFlow's rules do not (2.16; see the
     module's docstring). Idempotent; imports nothing that is not imported
     (``module``: the tf_keras module, when called as an import hook)."""
-    config = sys.modules.get("tensorflow.python.autograph.core.config")
-    config_lib = sys.modules.get("tensorflow.python.autograph.core.config_lib")
-    if config is None or config_lib is None:
-        return
-    if not any(rule.matches("tf_keras") for rule in config.CONVERSION_RULES
-               if isinstance(rule, config_lib.DoNotConvert)):
-        config.CONVERSION_RULES = (*config.CONVERSION_RULES, config_lib.DoNotConvert("tf_keras"))
+    _skip_autograph("tf_keras")
+
+
+def skip_autograph_of_horovod(module=None) -> None:
+    """Have AutoGraph leave Horovod's own functions alone (see the module's
+    docstring). Idempotent; imports nothing that is not imported
+    (``module``: horovod.tensorflow, when called as an import hook)."""
+    _skip_autograph("horovod")
 
 
 def keras_worker_fixes() -> None:
     """What a process running Keras code for the library (a training worker,
     an ensemble member's or a search trial's Spark task) needs before that
     code first imports Horovod's Keras integration or tf-keras: Keras 2's
-    backend for Horovod, and AutoGraph's rule for tf-keras."""
+    backend for Horovod, and AutoGraph's rules for tf-keras and Horovod."""
     if keras3_default():
         _after_import(_HOROVOD_KERAS_MODULES, _point_at_keras2_backend)
         _after_import(("tf_keras",), skip_autograph_of_tf_keras)
+    _after_import(("horovod.tensorflow",), skip_autograph_of_horovod)
 
 
 def _lazy_module(parent: str, name: str):
