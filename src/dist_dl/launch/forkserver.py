@@ -37,7 +37,7 @@ import sys
 import threading
 
 from dist_dl.core import placement
-from dist_dl.launch import device
+from dist_dl.launch import device, network
 from dist_dl.launch.worker import TASK_CONTEXT_VAR
 
 __all__ = ["ForkedProcess", "start", "shutdown", "imported_frameworks", "driver_switch",
@@ -59,10 +59,9 @@ _PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", 
                "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE",
                "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", TASK_CONTEXT_VAR,
                placement.HOST_SHARE_VAR, *_GPU_VARS,
-               # The interfaces Horovod's launcher (NCCL) and dist_dl's torch
-               # launcher (Gloo, NCCL) name per job; read when a collective
-               # starts, not at import.
-               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+               # The collectives' interfaces, named per job, read when a
+               # collective starts, not at import.
+               *network.IFNAME_VARS,
                # Workers are forked only where no GPU is visible to them
                # (_gpus_visible): CUDA is not initialised by an import, and each
                # worker gets its own value in its environment.
@@ -101,8 +100,7 @@ class ForkedProcess:
 
 
 class _Server:
-    def __init__(self, key: tuple, env: dict, preload: list[str]):
-        self.key = key
+    def __init__(self, env: dict, preload: list[str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         room = " " * 1024  # for the workers' process titles
         try:
@@ -299,7 +297,7 @@ def start(module: str, args: list[str], env: dict, engine: str,
                 if not _make_room():
                     return None  # every server's workers of other jobs run
                 try:
-                    server = _Server(key, _import_env(env), preload)
+                    server = _Server(_import_env(env), preload)
                 except OSError:
                     _failed.add(key)
                     return None
@@ -329,7 +327,7 @@ def shutdown() -> None:
     """End this process's fork servers, if any (at exit, too)."""
     with _lock:
         while _servers:
-            _servers.pop(next(iter(_servers))).close()
+            _servers.popitem()[1].close()
 
 
 def _gpus_visible(env: dict) -> bool:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-__all__ = ["interface_holding", "resolve", "is_loopback"]
+__all__ = ["interface_holding", "resolve", "is_loopback", "IFNAME_VARS"]
+
+# The variables that name the interface to Gloo and NCCL (Horovod's launcher
+# sets NCCL's per job; the torch launcher sets both): read when a collective
+# starts.
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def resolve(host: str) -> str | None:

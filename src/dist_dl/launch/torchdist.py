@@ -30,14 +30,13 @@ from typing import Any, Callable
 from dist_dl.core.placement import HOST_SHARE_VAR
 from dist_dl.launch.barrier import (BarrierLocalBackend, BarrierSparkBackend, Engine,
                                     without_foreign_place)
-from dist_dl.launch.network import interface_holding, is_loopback, resolve
+from dist_dl.launch.network import IFNAME_VARS, interface_holding, is_loopback, resolve
 
 __all__ = ["ENGINE", "TORCH_ENGINE", "torch_env", "local_backend", "spark_backend",
            "call_function", "run_script", "IFNAME_VARS"]
 
 ENGINE = "torch"
 RUNNER = "TorchDistributor"
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def torch_env(base: dict, places: list[str], place: int, local: int,
