@@ -408,3 +408,53 @@ def test_without_petastorm_auto_reads_with_arrow_and_training_completes(tmp_path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "pip install 'dist_dl[petastorm]'" in done.stdout and "reader='arrow'" in done.stdout
     assert "TRAINED 2" in done.stdout
+
+
+_GRAPH_CODE_CHILD = '''
+import dataclasses, sys, tempfile
+import numpy as np
+import tensorflow as tf
+from dist_dl.core import compat
+from dist_dl.read import ReaderConfig, make_dataset
+from dist_dl.read.dataset import InputWaits
+from dist_dl.tracking import ImagePreprocessing, decode_images
+from dist_dl.train.engines.keras_common import validation_callback
+
+url = sys.argv[1]
+config = ReaderConfig(image_size=16, shuffle_buffer=8, reader="arrow")
+train = make_dataset(url, 0, 1, 4, training=True, num_epochs=1, with_weights=True,
+                     waits=InputWaits(), config=config)
+images, labels, weights = next(iter(train))
+assert images.shape == (4, 16, 16, 3), images.shape
+valid = make_dataset(url, 0, 1, 4, training=False, num_epochs=1, with_weights=True,
+                     config=config)
+keras = compat.keras()
+model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+check = validation_callback(tf, valid, 2)
+check.set_model(model)
+logs = {}
+check.on_epoch_end(0, logs)
+assert 0 <= logs["val_accuracy"] <= 1, logs
+blob = tf.io.encode_png(tf.zeros([8, 8, 1], tf.uint8)).numpy()
+pixels = decode_images([blob] * 3, ImagePreprocessing(image_size=8, channels=1))
+assert pixels.shape == (3, 8, 8, 1), pixels.shape
+print("GENERATED", sorted(p.name for p in __import__("pathlib").Path(tempfile.gettempdir())
+                          .glob("__autograph_generated_file*")))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_the_library_s_graph_code_is_traced_without_an_autograph_rewrite(tmp_path):
+    """The reader's map functions, the exact validation's step and the
+    served model's decoder are graph code already: AutoGraph does not rewrite
+    them in each worker process (each rewrite writes its generated source to
+    a file in the temporary folder; a fresh process, its own folder)."""
+    url = str(tmp_path / "shards")
+    make_synthetic_images(url, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-c", _GRAPH_CODE_CHILD, url],
+                          env=dict(os.environ, TMPDIR=str(scratch)), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "GENERATED []" in done.stdout, done.stdout[-3000:]

@@ -239,7 +239,9 @@ def _graph_decoder(spec: ImagePreprocessing):
         # float32 in: the same values as resizing the uint8 pixels, faster.
         return tf.image.resize(tf.cast(image, tf.float32), [height, width], method="bilinear")
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    # Graph code already (branches on settings, tf.cond on the bytes): no
+    # AutoGraph rewrite in each Python worker that scores.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def decode(batch):
         return tf.map_fn(one, batch, fn_output_signature=tf.TensorSpec(
             [height, width, channels], tf.float32))

@@ -174,7 +174,9 @@ def _train_step(tf, keras, strategy, model, optimizer, global_batch: int, mixed:
         return tf.stack([tf.reduce_sum(per_row * weights), tf.reduce_sum(correct * weights),
                          tf.reduce_sum(weights)])
 
-    @tf.function
+    # Graph code already (its one branch is on a Python list): no AutoGraph
+    # rewrite, as in dist_dl.read.dataset.make_dataset.
+    @tf.function(autograph=False)
     def step(iterator):
         return strategy.experimental_local_results(
             strategy.run(replica_step, args=next(iterator)))[0]

@@ -152,7 +152,9 @@ def validation_callback(tf, data, steps: int, *, step=None, combine=None):
         def on_epoch_end(self, epoch, logs=None):
             if self._iterator is None:
                 self._iterator = iter(data)
-                self._step = tf.function(lambda iterator: step(self._sums, iterator))
+                # Graph code already: no AutoGraph rewrite (see make_dataset).
+                self._step = tf.function(lambda iterator: step(self._sums, iterator),
+                                         autograph=False)
             totals = tf.zeros([3], tf.float32)
             for _ in range(steps):
                 totals += self._step(self._iterator)
