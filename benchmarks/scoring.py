@@ -12,7 +12,10 @@ In interleaved rounds within one process, on the same encoded images:
 for two kinds of images: 8x8 digits (PNG, the model takes 8x8: per-image
 overhead dominates) and photos (JPEG, 256-400 px, centre crop 0.875 and
 resize to 224: the ImageNet evaluation transform). The two give the same
-pixels (checked each round). Then ``score_dataframe`` of ``--rows`` rows of
+pixels (checked each round). The logged model's forward pass on batches of
+64 decoded digits, the same way: ``traced`` (the one ``tf.function`` the
+served model calls) against ``eager`` (the Keras model called directly,
+the baseline); the same outputs (checked). Then ``score_dataframe`` of ``--rows`` rows of
 digits on local[2] with a small CNN, rows/s, per round (the model loaded in
 the Python workers by a warm-up first).
 
@@ -24,6 +27,8 @@ rows in ``--partitions`` tasks on local[2], one as the library runs
 baseline); each warms its Python workers first and times one job.
 
 Writes ``scoring_decode_speedup.<kind>`` (graph / eager images per second),
+``scoring_forward_speedup`` (traced / eager batches per second),
+``scoring_forward_batches_per_second.<setup>``,
 ``scoring_rows_per_second``, ``decode_images_per_second.<kind>.<setup>``,
 ``scoring_worker_prep_speedup`` (on / off rows per second, per round) and
 ``scoring_rows_per_second.<n>_tasks.<on|off>`` to ``benchmarks/results.json``.
@@ -84,6 +89,33 @@ def _rate(fn, images, spec, batch: int, repeat: int) -> float:
         for i in range(0, len(images), batch):
             fn(images[i:i + batch], spec)
     return repeat * len(images) / (time.perf_counter() - start)
+
+
+def _forward_setups(uri: str, images: list) -> dict:
+    """The served model's forward pass on one batch of decoded ``images``:
+    ``traced`` as the logged model runs it, ``eager`` the Keras model
+    called directly; checks that both give the same outputs."""
+    import mlflow.pyfunc
+    import numpy as np
+
+    from dist_dl.tracking.preprocess import decode_images
+
+    served = mlflow.pyfunc.load_model(uri).unwrap_python_model()
+    batch = decode_images(images, served.preprocessing)
+    served._probabilities(images, list(range(len(images))))  # builds and traces the function
+    setups = {"traced": lambda: served._forward(batch).numpy(),
+              "eager": lambda: served._model(batch, training=False).numpy()}
+    np.testing.assert_allclose(setups["traced"](), setups["eager"](), rtol=1e-5, atol=1e-6)
+    return setups
+
+
+def _calls_per_second(fn, seconds: float = 1.0) -> float:
+    """Calls of ``fn`` per second over at least ``seconds``."""
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or calls < 10:
+        fn()
+        calls += 1
+    return calls / elapsed
 
 
 def _score_rate(spark, uri: str, rows: int, images, partitions: int | None = None) -> float:
@@ -188,6 +220,7 @@ def main(argv=None) -> dict:
 
     spark = get_spark("local[2]")
     uri, table = _digit_scorer(spark)
+    forward = _forward_setups(uri, kinds["digits"][0][:64])
 
     rounds = []
     for r in range(args.rounds):
@@ -207,6 +240,10 @@ def main(argv=None) -> dict:
                                           if kind == "digits" else
                                           _rate(fn, images, spec, batch=32, repeat=4))
             row[f"{kind}.speedup"] = row[f"{kind}.graph"] / row[f"{kind}.eager"]
+        for setup in order:
+            row[f"forward.{'traced' if setup == 'graph' else 'eager'}"] = _calls_per_second(
+                forward["traced" if setup == "graph" else "eager"])
+        row["forward.speedup"] = row["forward.traced"] / row["forward.eager"]
         for on in ([True, False] if r % 2 == 0 else [False, True]):
             row["prep_on" if on else "prep_off"] = _prep_rate(on, args.prep_rows, args.partitions)
         row["prep_speedup"] = row["prep_on"] / row["prep_off"]
@@ -229,6 +266,12 @@ def main(argv=None) -> dict:
             for setup in ("graph", "eager"):
                 entries[f"decode_images_per_second.{kind}.{setup}"] = result_entry(
                     [r[f"{kind}.{setup}"] for r in rounds])
+        entries["scoring_forward_speedup"] = result_entry(
+            [r["forward.speedup"] for r in rounds], baseline="the Keras model called eagerly",
+            note="batches of 64 decoded 8x8 digits, a small CNN")
+        for setup in ("traced", "eager"):
+            entries[f"scoring_forward_batches_per_second.{setup}"] = result_entry(
+                [r[f"forward.{setup}"] for r in rounds])
         entries["scoring_rows_per_second"] = result_entry(
             [r["score_rows_per_second"] for r in rounds], rows=args.rows,
             note="score_dataframe on local[2], 8x8 PNG digits, a small CNN, batch_size=256")
