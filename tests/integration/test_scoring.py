@@ -136,6 +136,45 @@ def test_images_that_cannot_be_scored_get_null_and_a_reason_or_a_named_error(
     s.figure("on_error='raise': " + re.search(r"cannot score row [^\n]{0,200}", text).group(0))
 
 
+class _Refuses:
+    """A model (pyfunc's ``predict``) that refuses the rows whose image is
+    ``b"bad"`` as the logged classifier does (ValueError), and counts calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def predict(self, frame):
+        self.calls += 1
+        if (frame["image"] == b"bad").any():
+            raise ValueError("in column 'image', batch starting at row 0: image 0 cannot be "
+                             "decoded: not an image")
+        return pd.DataFrame({"prediction": [1] * len(frame), "probability": [0.5] * len(frame),
+                             "probabilities": [[0.5, 0.5]] * len(frame)}, index=frame.index)
+
+
+def test_rows_the_model_refuses_are_found_in_a_few_calls_each():
+    """A batch the model refuses is halved until each refused row stands
+    alone: two bad rows of 256 cost about 2 x 2 x log2(256) calls, not one
+    per row; the others keep their outputs, in order; without an error
+    column the first bad row fails the task, named by its place."""
+    from dist_dl.score._executor import _scored
+
+    images = [b"bad" if i in (7, 200) else b"ok" for i in range(256)]
+    frame = pd.DataFrame({"image": images}, index=range(1000, 1256))
+    model = _Refuses()
+    out = _scored(model, frame, 512, "jpeg", "why")
+    assert list(out.index) == list(frame.index)
+    refused = out[out["error"].notna()]
+    assert list(refused.index) == [1007, 1200] and refused["prediction"].isna().all()
+    assert refused["error"].str.contains("cannot be decoded").all(), refused["error"]
+    assert (out.drop(refused.index)["prediction"] == 1).all()
+    assert model.calls <= 1 + 2 * 2 * 8, model.calls
+
+    with pytest.raises(ValueError, match=r"cannot score row 519 of column 'jpeg': image cannot be "
+                                         r"decoded.*on_error='null'"):
+        _scored(_Refuses(), frame, 512, "jpeg", None)
+
+
 def test_on_error_and_error_col_are_checked_on_the_driver(spark, logged_model):
     df = spark.createDataFrame(pd.DataFrame({"image": [b"x"], "why": ["y"]}))
     with pytest.raises(ValueError, match=r"on_error must be one of \('raise', 'null'\).*'skip'"):

@@ -72,7 +72,6 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
     """
     import pandas as pd
 
-
     prepare_python_worker()
     model = None
     done = 0  # rows of this partition in earlier batches
@@ -84,12 +83,7 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
             chunk = frame.iloc[start:start + batch_size]
             model_input = pd.DataFrame({model_image_col: chunk[image_col].to_numpy()},
                                        index=chunk.index)
-            try:
-                outputs.append(model.predict(model_input))
-            except _BAD_INPUT:
-                # Rare: find the rows at fault one by one.
-                outputs.append(_row_by_row(model, model_input, done + start, image_col,
-                                           error_col))
+            outputs.append(_scored(model, model_input, done + start, image_col, error_col))
         result = frame.copy()
         scored = pd.concat(outputs) if outputs else pd.DataFrame(
             {name: pd.Series(dtype="object") for name in output_cols})
@@ -105,29 +99,31 @@ def score_partition(batches: Iterator, *, archive_name: str, image_col: str, mod
         yield result
 
 
-def _row_by_row(model, model_input, first_row: int, image_col: str, error_col: str | None):
-    """Score ``model_input`` a row at a time; a row the model refuses gets
-    null outputs and its reason (or, without ``error_col``, fails the task
-    with an error naming it)."""
+def _scored(model, model_input, first_row: int, image_col: str, error_col: str | None):
+    """The model's outputs for ``model_input``; rows the model refuses found
+    by halving the rows it refused (a few calls per bad row, not one per row
+    of its batch), each with null outputs and its reason, or, without
+    ``error_col``, the first of them failing the task with an error naming it.
+    ``first_row``: the position of ``model_input``'s first row in the partition."""
     import numpy as np
     import pandas as pd
 
-    rows = []
-    for i in range(len(model_input)):
-        row = model_input.iloc[i:i + 1]
-        try:
-            rows.append(model.predict(row).assign(error=None))
-        except _BAD_INPUT as exc:
-            reason = _reason(exc)
-            if error_col is None:
-                raise ValueError(
-                    f"cannot score {_place(first_row + i)} of column {image_col!r}: {reason}. "
-                    f"Fix or drop that row, or pass on_error='null' to score every other row "
-                    f"and get a null prediction with the reason in a column") from None
-            rows.append(pd.DataFrame({"prediction": [None], "probability": [np.nan],
-                                      "probabilities": [None], "error": [reason]},
-                                     index=row.index))
-    return pd.concat(rows)
+    try:
+        return model.predict(model_input)
+    except _BAD_INPUT as exc:
+        if len(model_input) > 1:
+            half = len(model_input) // 2
+            return pd.concat([
+                _scored(model, model_input.iloc[:half], first_row, image_col, error_col),
+                _scored(model, model_input.iloc[half:], first_row + half, image_col, error_col)])
+        reason = _reason(exc)
+    if error_col is None:
+        raise ValueError(
+            f"cannot score {_place(first_row)} of column {image_col!r}: {reason}. "
+            f"Fix or drop that row, or pass on_error='null' to score every other row "
+            f"and get a null prediction with the reason in a column") from None
+    return pd.DataFrame({"prediction": [None], "probability": [np.nan], "probabilities": [None],
+                         "error": [reason]}, index=model_input.index)
 
 
 def _place(row: int) -> str:
