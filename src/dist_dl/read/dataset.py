@@ -164,7 +164,7 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
 
     # The pipeline's functions are graph code already (their only branches
     # are on settings): AutoGraph left to itself rewrites each in every
-    # worker process, about 0.6 CPU-s of a Horovod worker's 3.3.
+    # worker process, about 0.7 CPU-s of a Horovod worker's 3.3.
     @tf.autograph.experimental.do_not_convert
     def parse(jpeg, label, weight, source_id):
         image = transform(jpeg, config)
