@@ -411,8 +411,7 @@ def test_without_petastorm_auto_reads_with_arrow_and_training_completes(tmp_path
 
 
 _GRAPH_CODE_CHILD = '''
-import dataclasses, sys, tempfile
-import numpy as np
+import pathlib, sys, tempfile
 import tensorflow as tf
 from dist_dl.core import compat
 from dist_dl.read import ReaderConfig, make_dataset
@@ -438,7 +437,7 @@ assert 0 <= logs["val_accuracy"] <= 1, logs
 blob = tf.io.encode_png(tf.zeros([8, 8, 1], tf.uint8)).numpy()
 pixels = decode_images([blob] * 3, ImagePreprocessing(image_size=8, channels=1))
 assert pixels.shape == (3, 8, 8, 1), pixels.shape
-print("GENERATED", sorted(p.name for p in __import__("pathlib").Path(tempfile.gettempdir())
+print("GENERATED", sorted(p.name for p in pathlib.Path(tempfile.gettempdir())
                           .glob("__autograph_generated_file*")))
 '''
 
