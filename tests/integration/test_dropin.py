@@ -165,6 +165,10 @@ def test_workers_get_keras_2_where_keras_3_is_the_default():
     # nor Horovod's (no TensorFlow's rules name it: compat.skip_autograph_of_horovod).
     assert env[2] is True
     assert env[3] == [True, True, True]
+    # A training step rewrites Keras's own train_function (a tf.function of
+    # Keras's, which AutoGraph converts as a user's) and none of the functions
+    # Horovod makes tf.functions of: the gradients' allreduce, broadcast_variables's group.
+    assert env[4] == ["train_function"], env[4]
 
 
 @pytest.mark.profile_subset_164

@@ -236,18 +236,38 @@ def progress_bar(steps: int = 3):
 
 
 def keras_in_worker():
-    """The worker's TF_USE_LEGACY_KERAS, the package tf.keras comes from, and
+    """The worker's TF_USE_LEGACY_KERAS, the package tf.keras comes from,
     whether AutoGraph leaves that package's own functions alone, and Horovod's
-    (those a training step calls)."""
+    (those a training step calls), and the functions AutoGraph rewrote for
+    the first step of a model compiled with Horovod's DistributedOptimizer
+    after ``broadcast_variables`` (AutoGraph writes each rewrite's source to
+    a file in the temporary folder: here, a folder of the worker's own)."""
+    import re
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     import horovod.tensorflow as hvd
+    import horovod.tensorflow.keras as hvd_keras
+    import numpy as np
     import tensorflow as tf
     from horovod.common import basics
     from tensorflow.python.autograph.impl import conversion
 
+    tempfile.tempdir = tempfile.mkdtemp()
+    hvd.init()
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile(hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), "mse")
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), batch_size=4, verbose=0)
+    rewritten = sorted({name for path in Path(tempfile.tempdir).glob("*.py")
+                        for name in re.findall(r"\bdef tf__(\w+)", path.read_text())})
+    shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     return (os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0],
             conversion.is_allowlisted(tf.keras.Model.train_step),
             [conversion.is_allowlisted(f) for f in (hvd.allreduce, hvd.Compression.none.compress,
-                                                    basics.HorovodBasics.size)])
+                                                    basics.HorovodBasics.size)],
+            rewritten)
 
 
 def keras3_overflow_on_one_worker(agree: bool = True):

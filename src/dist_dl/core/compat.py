@@ -47,7 +47,13 @@ of a model compiled with Horovod's ``DistributedOptimizer`` converts about
 180 of Horovod's functions (rank, size, the allreduce, compression, process
 sets), about 1 CPU second per worker. Workers add that rule too
 (``skip_autograph_of_horovod``) when their code first imports
-``horovod.tensorflow``.
+``horovod.tensorflow``. A rule does not reach the functions Horovod hands to
+``tf.function`` itself (``horovod.tensorflow.util._make_subgraph``: the
+optimizer's gradient allreduce and ``broadcast_variables``'s group), which
+AutoGraph converts as a user's own: about 0.6 CPU seconds in a worker's
+first step. Their Python branches on settings and lists only, and their one
+condition on a tensor is an explicit ``tf.cond``, so the same hook has them
+traced with ``autograph=False``.
 
 One more: databricks-sdk 0.20 (Databricks Runtime 15.4's) has no
 ``as_shallow_dict`` on its settings classes (``shallow_fields``).
@@ -90,6 +96,8 @@ NATIVE_KERAS_ENV = "DIST_DL_KERAS"
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel")
 # Horovod modules that bind ``K`` from the ``keras`` package at import.
 _HOROVOD_KERAS_MODULES = ("horovod.tensorflow.keras", "horovod.tensorflow.keras.callbacks")
+# Horovod modules that bind ``_make_subgraph`` from horovod.tensorflow.util at import.
+_HOROVOD_SUBGRAPH_MODULES = ("horovod.tensorflow", "horovod.tensorflow.functions")
 
 
 def _version(distribution: str) -> str | None:
@@ -304,10 +312,23 @@ def skip_autograph_of_tf_keras(module=None) -> None:
 
 
 def skip_autograph_of_horovod(module=None) -> None:
-    """Have AutoGraph leave Horovod's own functions alone (see the module's
-    docstring). Idempotent; imports nothing that is not imported
-    (``module``: horovod.tensorflow, when called as an import hook)."""
+    """Have AutoGraph leave Horovod's own functions alone, the ones Horovod
+    makes ``tf.function``s of included (see the module's docstring).
+    Idempotent; imports nothing that is not imported (``module``:
+    horovod.tensorflow, when called as an import hook)."""
     _skip_autograph("horovod")
+    for name in _HOROVOD_SUBGRAPH_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_make_subgraph"):
+            module._make_subgraph = _graph_function
+
+
+def _graph_function(python_function):
+    """``horovod.tensorflow.util._make_subgraph`` (``tf.function(f)``),
+    without AutoGraph's rewrite."""
+    import tensorflow as tf
+
+    return tf.function(python_function, autograph=False)
 
 
 def keras_worker_fixes() -> None:
