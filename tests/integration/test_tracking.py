@@ -482,3 +482,49 @@ def test_parameters_log_while_another_thread_imports_pyspark_ml(tmp_path):
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "logged {'epochs': '1'}" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_metric_file_left_empty_is_removed_and_the_run_reads_again(tmp_path):
+    """MLflow's file store creates a metric's file, then writes its line: a
+    writer stopped between the two leaves a run no read survives
+    (mlflow/mlflow#3052) until the empty file is gone."""
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.tracking.target import drop_unwritten_metrics
+
+    uri = (tmp_path / "mlruns").as_uri()
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("e"))
+    client.log_metric(run.info.run_id, "loss", 0.5, step=1)
+    metrics = tmp_path / "mlruns" / run.info.experiment_id / run.info.run_id / "metrics"
+    (metrics / "learning_rate").touch()
+    with pytest.raises(Exception, match="malformed"):
+        client.get_run(run.info.run_id)
+    assert drop_unwritten_metrics(uri, run.info.run_id) == ["learning_rate"]
+    assert client.get_run(run.info.run_id).data.metrics == {"loss": 0.5}
+    assert drop_unwritten_metrics(uri, run.info.run_id) == []
+    assert drop_unwritten_metrics("databricks", run.info.run_id) == []
+
+
+@pytest.mark.timeout(300)
+def test_an_attempt_that_left_an_empty_metric_file_is_retried_into_a_readable_run(tmp_path,
+                                                                                   capsys):
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl import train_distributed
+    from dist_dl.prepare import make_synthetic_images
+
+    import train_hooks
+
+    shards = str(tmp_path / "shards")
+    make_synthetic_images(shards, rows=16, image_size=16, classes=2, rows_per_row_group=4)
+    uri = (tmp_path / "mlruns").as_uri()
+    trained = train_distributed(shards, model=train_hooks.plain_cnn, epochs=2, num_workers=2,
+                                batch_size=4, image_size=16, validation_fraction=0.0,
+                                max_retries=1, backend="local", tracking_uri=uri,
+                                output_dir=str(tmp_path / "out"),
+                                callbacks=train_hooks.UnwrittenMetricAt(1, str(tmp_path / "once")))
+    assert "unwritten of run" in capsys.readouterr().out
+    run = MlflowClient(uri).get_run(trained.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["dist_dl.attempts"] == "2"
+    assert "unwritten" not in run.data.metrics and run.data.metrics["loss"] > 0

@@ -200,6 +200,38 @@ class RaiseAt:
         return [Hook()]
 
 
+class UnwrittenMetricAt:
+    """Callback factory: once (while ``marker`` does not exist), when epoch
+    ``epoch`` (0-based) begins, rank 0 (the worker with an active MLflow run)
+    leaves what a worker stopped while MLflow's file store logs a metric
+    leaves, the metric's file created and its line not written, and raises."""
+
+    def __init__(self, epoch: int, marker: str):
+        self.epoch, self.marker = epoch, marker
+
+    def __call__(self):
+        import glob
+        import urllib.parse
+
+        import mlflow
+        import tensorflow as tf
+
+        spec = self
+
+        class Hook(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                run = mlflow.active_run()
+                if epoch != spec.epoch or run is None or os.path.exists(spec.marker):
+                    return
+                open(spec.marker, "w").close()
+                root = urllib.parse.urlparse(mlflow.get_tracking_uri()).path
+                [metrics] = glob.glob(os.path.join(root, "*", run.info.run_id, "metrics"))
+                open(os.path.join(metrics, "unwritten"), "w").close()
+                raise RuntimeError("stopped while logging")
+
+        return [Hook()]
+
+
 # Where KillPlan can kill a worker (the reliability issue's five points).
 KILL_POINTS = ("before the first step", "mid-epoch", "during the allreduce",
                "during rank 0's checkpoint write", "during validation")

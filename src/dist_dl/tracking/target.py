@@ -19,7 +19,7 @@ from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.locations import file_url
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
-           "attached_run"]
+           "attached_run", "drop_unwritten_metrics"]
 
 
 def absolute_tracking_uri(uri: str | None) -> str | None:
@@ -51,6 +51,35 @@ def store_folder(uri: str | None) -> str | None:
         # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db.
         return os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
     return None
+
+
+def drop_unwritten_metrics(uri: str | None, run_id: str) -> list[str]:
+    """Remove the metric files of run ``run_id`` that hold no line, where the
+    run is in a ``file:`` store; returns their metric names.
+
+    MLflow's file store creates a metric's file, then appends the line: a
+    worker stopped between the two (the launcher stops the other workers of
+    a failed attempt) leaves an empty file, and every later read of the run
+    (``get_run``, the next attempt's rank 0 attaching to it, the UI) fails
+    with "Metric '...' is malformed. No data found" (mlflow/mlflow#3052). An
+    empty file holds no value: nothing logged is lost."""
+    import glob
+    import urllib.parse
+    import urllib.request
+
+    uri = absolute_tracking_uri(uri)
+    if not uri or not uri.startswith("file:"):
+        return []
+    root = urllib.request.url2pathname(urllib.parse.urlparse(uri).path)
+    dropped = []
+    for metrics in glob.glob(os.path.join(glob.escape(root), "*", run_id, "metrics")):
+        for folder, _, files in os.walk(metrics):
+            for name in files:
+                path = os.path.join(folder, name)
+                if os.path.getsize(path) == 0:
+                    os.remove(path)
+                    dropped.append(os.path.relpath(path, metrics))
+    return sorted(dropped)
 
 
 def experiment_id(name: str | None, client=None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from dist_dl.core.redact import redact_secrets
+from dist_dl.tracking.target import drop_unwritten_metrics
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["TrainingFailed", "resumable_epoch", "run_attempts", "last_checkpoint", "training_failed",
@@ -70,7 +71,19 @@ def run_attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: st
             result = runner.run(train_worker, spec=dataclasses.replace(spec, attempt=attempt))
             client.set_tag(run_id, "dist_dl.attempts", str(attempt))
             return result, attempt
-        except (WorkerError, JobTimeout) as exc:
+        except BaseException as exc:
+            try:
+                dropped = drop_unwritten_metrics(spec.tracking_uri, run_id)
+            except OSError as error:  # the attempt's own error is the one to raise
+                print(f"dist_dl: run {run_id}'s metric files could not be checked: {error}",
+                      flush=True)
+                dropped = []
+            if dropped:
+                print(f"dist_dl: attempt {attempt} ended with {', '.join(dropped)} of run "
+                      f"{run_id} created but not written (a worker stopped while logging); "
+                      "removed, so that the run can be read", flush=True)
+            if not isinstance(exc, (WorkerError, JobTimeout)):
+                raise
             # Worker errors are text the worker chose, and may quote a
             # secret: redacted before it is stored or shown (the worker
             # redacted what its environment knows; this, the driver's).
