@@ -111,7 +111,10 @@ class CpuSampler(_Sampler):
 
     def __init__(self, interval: float = 1.0):
         super().__init__(interval, "dist_dl-cpu-sampler")
-        self.samples: list[tuple[float, dict]] = []
+        # (when the snapshot began, when it ended, the snapshot): reading every
+        # descendant's threads takes a while on a loaded machine, and a process
+        # may end within it, so a sample belongs to a window only whole.
+        self.samples: list[tuple[float, float, dict]] = []
 
     @staticmethod
     def _snapshot() -> dict:
@@ -131,10 +134,15 @@ class CpuSampler(_Sampler):
     def _sample(self) -> None:
         import time
 
-        self.samples.append((time.perf_counter(), self._snapshot()))
+        began = time.perf_counter()
+        snapshot = self._snapshot()
+        self.samples.append((began, time.perf_counter(), snapshot))
 
     def _inside(self, start: float, end: float) -> list:
-        return [(t, snap) for t, snap in self.samples if start <= t <= end]
+        """(the snapshot's middle, the snapshot) of each sample taken wholly
+        inside ``[start, end]``."""
+        return [((began + ended) / 2, snap) for began, ended, snap in self.samples
+                if start <= began and ended <= end]
 
     def span(self, start: float, end: float) -> float:
         """Seconds that :meth:`window` covers (0.0 when it gives None)."""
@@ -142,7 +150,7 @@ class CpuSampler(_Sampler):
         return inside[-1][0] - inside[0][0] if len(inside) >= 2 else 0.0
 
     def window(self, start: float, end: float) -> dict | None:
-        """CPU s/s between the first and last samples taken inside
+        """CPU s/s between the first and last samples taken wholly inside
         ``[start, end]``: ``{pid: {"command": str, "threads": {tid: (user,
         system)}}}`` for threads alive at the last (one started after the
         first counts all its CPU time; one ended before the last is missed);
