@@ -211,10 +211,11 @@ class UnwrittenMetricAt:
 
     def __call__(self):
         import glob
-        import urllib.parse
 
         import mlflow
         import tensorflow as tf
+
+        from dist_dl.core.locations import local_path
 
         spec = self
 
@@ -224,8 +225,8 @@ class UnwrittenMetricAt:
                 if epoch != spec.epoch or run is None or os.path.exists(spec.marker):
                     return
                 open(spec.marker, "w").close()
-                root = urllib.parse.urlparse(mlflow.get_tracking_uri()).path
-                [metrics] = glob.glob(os.path.join(root, "*", run.info.run_id, "metrics"))
+                [metrics] = glob.glob(os.path.join(local_path(mlflow.get_tracking_uri()), "*",
+                                                   run.info.run_id, "metrics"))
                 open(os.path.join(metrics, "unwritten"), "w").close()
                 raise RuntimeError("stopped while logging")
 

@@ -254,15 +254,19 @@ def keras_in_worker():
     from horovod.common import basics
     from tensorflow.python.autograph.impl import conversion
 
-    tempfile.tempdir = tempfile.mkdtemp()
-    hvd.init()
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
-    model.compile(hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), "mse")
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), batch_size=4, verbose=0)
-    rewritten = sorted({name for path in Path(tempfile.tempdir).glob("*.py")
-                        for name in re.findall(r"\bdef tf__(\w+)", path.read_text())})
-    shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+    before, own = tempfile.tempdir, tempfile.mkdtemp()
+    tempfile.tempdir = own
+    try:
+        hvd.init()
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile(hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), "mse")
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), batch_size=4, verbose=0)
+        rewritten = sorted({name for path in Path(own).glob("*.py")
+                            for name in re.findall(r"\bdef tf__(\w+)", path.read_text())})
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(own, ignore_errors=True)
     return (os.environ.get("TF_USE_LEGACY_KERAS"), tf.keras.Model.__module__.split(".")[0],
             conversion.is_allowlisted(tf.keras.Model.train_step),
             [conversion.is_allowlisted(f) for f in (hvd.allreduce, hvd.Compression.none.compress,

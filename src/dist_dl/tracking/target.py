@@ -16,7 +16,7 @@ import os
 import threading
 
 from dist_dl.core.imports import spark_ml_imported
-from dist_dl.core.locations import file_url
+from dist_dl.core.locations import file_url, local_path
 
 __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_folder",
            "attached_run", "drop_unwritten_metrics"]
@@ -64,13 +64,11 @@ def drop_unwritten_metrics(uri: str | None, run_id: str) -> list[str]:
     with "Metric '...' is malformed. No data found" (mlflow/mlflow#3052). An
     empty file holds no value: nothing logged is lost."""
     import glob
-    import urllib.parse
-    import urllib.request
 
     uri = absolute_tracking_uri(uri)
     if not uri or not uri.startswith("file:"):
         return []
-    root = urllib.request.url2pathname(urllib.parse.urlparse(uri).path)
+    root = local_path(uri)
     dropped = []
     for metrics in glob.glob(os.path.join(glob.escape(root), "*", run_id, "metrics")):
         for folder, _, files in os.walk(metrics):

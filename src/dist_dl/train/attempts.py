@@ -71,19 +71,8 @@ def run_attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: st
             result = runner.run(train_worker, spec=dataclasses.replace(spec, attempt=attempt))
             client.set_tag(run_id, "dist_dl.attempts", str(attempt))
             return result, attempt
-        except BaseException as exc:
-            try:
-                dropped = drop_unwritten_metrics(spec.tracking_uri, run_id)
-            except OSError as error:  # the attempt's own error is the one to raise
-                print(f"dist_dl: run {run_id}'s metric files could not be checked: {error}",
-                      flush=True)
-                dropped = []
-            if dropped:
-                print(f"dist_dl: attempt {attempt} ended with {', '.join(dropped)} of run "
-                      f"{run_id} created but not written (a worker stopped while logging); "
-                      "removed, so that the run can be read", flush=True)
-            if not isinstance(exc, (WorkerError, JobTimeout)):
-                raise
+        except (WorkerError, JobTimeout) as exc:
+            _keep_run_readable(spec, run_id, attempt)
             # Worker errors are text the worker chose, and may quote a
             # secret: redacted before it is stored or shown (the worker
             # redacted what its environment knows; this, the driver's).
@@ -100,6 +89,23 @@ def run_attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: st
                   f"{last_checkpoint(spec)[1]}", flush=True)
             if backend == "spark":
                 wait_for_capacity(spark, cfg, spec, attempt, first_line, run_id)
+        except BaseException:
+            _keep_run_readable(spec, run_id, attempt)
+            raise
+
+
+def _keep_run_readable(spec, run_id: str, attempt: int) -> None:
+    """After a failed attempt: the run's metric files its stopped workers
+    created but did not write removed (:func:`drop_unwritten_metrics`), saying so."""
+    try:
+        dropped = drop_unwritten_metrics(spec.tracking_uri, run_id)
+    except OSError as error:  # the attempt's own error is the one to raise
+        print(f"dist_dl: run {run_id}'s metric files could not be checked: {error}", flush=True)
+        return
+    if dropped:
+        print(f"dist_dl: attempt {attempt} ended with {', '.join(dropped)} of run {run_id} "
+              "created but not written (a worker stopped while logging); removed, so that "
+              "the run can be read", flush=True)
 
 
 def _runner(cfg: TrainConfig, backend: str, spark):
