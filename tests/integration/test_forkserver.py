@@ -1,6 +1,8 @@
 """The fork server (dist_dl.launch.forkserver): a forked worker is the
 process a new interpreter would be, the server is reused and replaced by
-its import key, and nothing outlives the process that launched it."""
+its import key, nothing outlives the process that launched it, and an
+executor's one server serves its Python workers (its own user's only) and
+ends with the executor."""
 from __future__ import annotations
 
 import json
@@ -179,6 +181,72 @@ def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
         launcher.kill()
 
 
+# A Python worker of an executor (``_executor_daemon`` stood in by OWNER):
+# connects to the executor's server for its key, forks a sleeping worker,
+# prints the worker's and the server's pids, and waits to be killed.
+_CLIENT = """
+import os, sys, time
+from dist_dl.launch import forkserver
+from dist_dl.launch.worker import launcher_path_env
+env = {**os.environ, **launcher_path_env()}
+owner, out = int(sys.argv[1]), sys.argv[2]
+address = forkserver._address(owner, forkserver._key(env, []))
+if len(sys.argv) > 3:  # another user, at this user's server's address
+    os.setuid(int(sys.argv[3]))
+try:
+    server = forkserver._Server(forkserver._import_env(env), [], owner, address)
+except OSError as exc:
+    print("refused", exc, flush=True)
+    sys.exit(0)
+worker = server.fork("forked_probe", [out, "sleep"], env)
+worker.stdout.readline()
+print(worker.pid, server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_executors_server_serves_its_python_workers_and_ends_with_the_executor(tmp_path):
+    owner = subprocess.Popen(["sleep", "600"])  # the executor's PySpark daemon
+    clients = []
+
+    def client(name, *user):
+        proc = subprocess.Popen([sys.executable, "-c", _CLIENT, str(owner.pid),
+                                 str(tmp_path / name), *user], stdout=subprocess.PIPE,
+                                text=True, env=_env())
+        clients.append(proc)
+        return proc
+
+    def running(pids):
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+    try:
+        first, second = client("a.json"), client("b.json")
+        first_worker, server = map(int, first.stdout.readline().split())
+        second_worker, second_server = map(int, second.stdout.readline().split())
+        # One server for both, in a session of its own, ending with OWNER.
+        assert second_server == server
+        command = psutil.Process(server).cmdline()
+        assert command[2] == "dist_dl.launch._fork_server" and command[-1] == str(owner.pid)
+        # A process of another user is not served.
+        stranger = client("c.json", "65534")
+        assert stranger.stdout.readline().startswith("refused"), "another user was served"
+        # A Python worker that dies takes its own worker with it, not the
+        # server or the other Python worker's.
+        first.kill()
+        first.wait(30)
+        assert left_after(lambda: running([first_worker]), 20) == []
+        assert running([server, second_worker]) == [server, second_worker]
+        # The executor's end ends the server and what it still runs.
+        owner.kill()
+        owner.wait(30)
+        assert left_after(lambda: running([server, second_worker]), 20) == []
+    finally:
+        for proc in [*clients, owner]:
+            proc.kill()
+            proc.wait(30)
+
+
 @pytest.mark.timeout(60)
 def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported():
     program = ("import json, importlib.util, sys\n"
@@ -215,7 +283,7 @@ def test_without_setproctitle_workers_start_as_new_interpreters(tmp_path):
 
 @pytest.mark.needs("horovod.tensorflow")
 @pytest.mark.timeout(300)
-def test_horovod_workers_on_spark_fork_from_a_server_their_python_worker_keeps(spark, capsys):
+def test_horovod_workers_on_spark_fork_from_their_executors_one_server(spark, capsys):
     import cloudpickle
     import tensorflow  # noqa: F401  (the driver's frameworks are what the servers import)
 
@@ -229,14 +297,16 @@ def test_horovod_workers_on_spark_fork_from_a_server_their_python_worker_keeps(s
         assert sorted(w["rank"] for w in job) == [0, 1]
         for worker in job:
             # Forked by a server that imported the driver's framework and
-            # Horovod's binding of it, itself a child of the task's Python worker.
+            # Horovod's binding of it, started by a task's Python worker (this
+            # job's or an earlier one's, PySpark may have ended it since) and
+            # ending with the executor's PySpark daemon (its last argument).
             assert worker["server_cmdline"][1:3] == ["-m", "dist_dl.launch._fork_server"], worker
             assert worker["server_cmdline"][4] == "tensorflow,horovod.tensorflow", worker
-            assert "pyspark.daemon" in " ".join(worker["task_cmdline"]), worker
-    # PySpark kept the Python workers (the tasks read their input through),
-    # and with them the servers: the second job forked from the same ones.
-    assert {w["task"] for w in jobs[0]} == {w["task"] for w in jobs[1]}
-    assert {w["server"] for w in jobs[0]} == {w["server"] for w in jobs[1]}
+            daemon = psutil.Process(int(worker["server_cmdline"][-1]))
+            assert "pyspark.daemon" in " ".join(daemon.cmdline()), worker
+    # The job's two tasks (two Python workers of local[2]'s one executor)
+    # forked from one server, the executor's; the second job from it again.
+    assert len({w["server"] for w in jobs[0] + jobs[1]}) == 1, jobs
     assert not {w["pid"] for w in jobs[0]} & {w["pid"] for w in jobs[1]}
     out = capsys.readouterr().out
     # Their output, prefixed as Horovod prefixes it.

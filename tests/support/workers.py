@@ -314,7 +314,7 @@ def import_shipped_for_horovod():
 
 
 def process_tree():
-    """Each rank's process, its parent and grandparent (pids, command lines),
+    """Each rank's process and its parent (pids, the parent's command line),
     gathered on every rank; prints a line first."""
     import psutil
     import horovod.tensorflow as hvd
@@ -323,11 +323,9 @@ def process_tree():
     print(f"forked rank {hvd.rank()}", flush=True)
     me = psutil.Process()
     parent = me.parent()
-    grandparent = parent.parent()
     return hvd.allgather_object({
         "rank": hvd.rank(), "pid": me.pid, "server": parent.pid,
-        "server_cmdline": parent.cmdline(), "task": grandparent.pid,
-        "task_cmdline": grandparent.cmdline()})
+        "server_cmdline": parent.cmdline()})
 
 
 def parent_command():

@@ -1,7 +1,7 @@
-"""Process entry of a fork server: ``python -m dist_dl.launch._fork_server FD PRELOAD IDLE ROOM``.
+"""Process entry of a fork server: ``python -m dist_dl.launch._fork_server FD PRELOAD IDLE ROOM [OWNER]``.
 
 Imports the modules named in PRELOAD (comma-separated) once, then forks one
-worker per request that arrives on the socket FD (see
+worker per request that arrives from a client (see
 ``dist_dl.launch.forkserver`` for the requests and the replies). Each worker
 runs ``python -m MODULE ARGS...`` as a new interpreter would: in a session of
 its own, with /dev/null as stdin and the two pipe ends it was sent as stdout
@@ -10,9 +10,18 @@ request, and a process title that names that command (``ps`` and
 ``/proc/PID/cmdline`` show the worker's command, not the server's; ROOM is
 blank room in this server's argv for that title).
 
-The server ends its workers' process groups and exits when the socket
-reaches its end (the launching process closed it or died), or after IDLE
-seconds with no request and no worker running.
+Without OWNER, FD is the one client's end of a socket pair: the server ends
+its workers' process groups and exits when that socket reaches its end (the
+launching process closed it or died), or after IDLE seconds with no request
+and no worker running.
+
+With OWNER (a process id: the PySpark daemon of an executor), FD is a
+listening socket that the Python workers of that executor connect to, each
+a client of its own; only a client of this server's user is served. A
+client that goes away takes its own workers with it (SIGTERM to their
+process groups, SIGKILL 5 s later); the server goes on for the others. It
+exits, ending every worker, when OWNER exits, and after IDLE seconds with no
+client and no worker.
 """
 from __future__ import annotations
 
@@ -21,11 +30,14 @@ import pickle
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 
 # A request's pickled size limit: an environment and a few arguments.
 MAX_MESSAGE = 1 << 20
+# How long a gone client's workers get between SIGTERM and SIGKILL.
+GRACE = 5.0
 _inherited_sigchld = signal.SIG_DFL
 
 
@@ -47,11 +59,16 @@ def _send(sock: socket.socket, *message) -> None:
     sock.send(pickle.dumps(message))
 
 
-def _run_worker(sock: socket.socket, request: dict, out: int, err: int) -> None:
-    """In the forked child: become the requested worker; never returns."""
+def _run_worker(inherited: list, request: dict, out: int, err: int) -> None:
+    """In the forked child: become the requested worker; never returns.
+    ``inherited``: the server's sockets and other files, closed here."""
     code = 1
     try:
-        sock.close()
+        for thing in inherited:
+            if isinstance(thing, int):
+                os.close(thing)
+            else:
+                thing.close()
         os.setsid()
         signal.signal(signal.SIGCHLD, _inherited_sigchld)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -111,7 +128,40 @@ def _end_all(children: set[int]) -> None:
             return
 
 
-def serve(fd: int, preload: list[str], idle: float) -> None:
+def _peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _watch(owner: int):
+    """A file that becomes readable when process ``owner`` exits (a pidfd),
+    or None where the kernel has none (then :func:`_gone` is asked)."""
+    try:
+        return os.pidfd_open(owner)
+    except (AttributeError, OSError):
+        return None
+
+
+def _gone(owner: int) -> bool:
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _tell(client: socket.socket, *message) -> None:
+    """Send to a client that may be gone (its end is read in the main loop)."""
+    try:
+        _send(client, *message)
+    except OSError:
+        pass
+
+
+def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) -> None:
     global _inherited_sigchld
     sock = socket.socket(fileno=fd)
     # The server reaps its workers itself; a launcher that ignores SIGCHLD
@@ -126,46 +176,100 @@ def serve(fd: int, preload: list[str], idle: float) -> None:
 
     take_launcher_imports()
     failed = _preload(preload + ["cloudpickle", "setproctitle", "runpy"])
-    _send(sock, "ready", os.getpid(), failed)
-    children: set[int] = set()
+    shared = owner is not None
+    listener = sock if shared else None
+    watch = _watch(owner) if shared else None
+    clients: dict[socket.socket, set[int]] = {}  # client -> its running workers
+    if not shared:
+        clients[sock] = set()
+        _send(sock, "ready", os.getpid(), failed)
+    client_of: dict[int, socket.socket] = {}  # worker pid -> its client
+    # The one launcher gone, the server goes; one of many, the others stay.
+    reply = _tell if shared else _send
+    doomed: dict[int, float] = {}  # a gone client's worker -> when it gets SIGKILL
     last = time.monotonic()
     try:
         while True:
-            readable, _, _ = select.select([sock], [], [], 0.05)
-            while children:
+            waiting = [*clients, *([listener] if shared else []),
+                       *([watch] if watch is not None else [])]
+            readable, _, _ = select.select(waiting, [], [], 0.05)
+            now = time.monotonic()
+            while client_of or doomed:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if not pid:
                     break
-                children.discard(pid)
-                last = time.monotonic()
-                _send(sock, "exit", pid, os.waitstatus_to_exitcode(status))
-            if readable:
-                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+                last = now
+                doomed.pop(pid, None)
+                client = client_of.pop(pid, None)
+                if client in clients:
+                    clients[client].discard(pid)
+                    reply(client, "exit", pid, os.waitstatus_to_exitcode(status))
+            for pid, when in list(doomed.items()):
+                if now >= when:
+                    _signal_group(pid, signal.SIGKILL)
+                    doomed[pid] = float("inf")
+            if shared and (watch in readable if watch is not None else _gone(owner)):
+                return  # the executor is gone
+            if shared and listener in readable:
+                try:
+                    conn, _ = listener.accept()
+                    mine = _peer_uid(conn) == os.getuid()
+                except OSError:
+                    conn, mine = None, False
+                if conn is not None and not mine:
+                    conn.close()
+                elif conn is not None:
+                    clients[conn] = set()
+                    _tell(conn, "ready", os.getpid(), failed)
+            for client in [c for c in readable if c in clients]:
+                try:
+                    data, fds, _, _ = socket.recv_fds(client, MAX_MESSAGE, 2)
+                except OSError:
+                    data, fds = b"", []
                 if not data:
-                    return
-                last = time.monotonic()
+                    if not shared:
+                        return  # the launcher is gone
+                    # This client's workers go with it; the others run on.
+                    for pid in clients.pop(client):
+                        _signal_group(pid, signal.SIGTERM)
+                        _signal_group(pid, signal.SIGCONT)
+                        doomed[pid] = now + GRACE
+                    client.close()
+                    last = now
+                    continue
+                last = now
                 try:
                     request = pickle.loads(data)
                     for stream in (sys.stdout, sys.stderr):
                         stream.flush()
                     pid = os.fork()
                 except BaseException as exc:  # noqa: BLE001 - answered, the launcher falls back
-                    _send(sock, "error", f"{type(exc).__name__}: {exc}")
+                    reply(client, "error", f"{type(exc).__name__}: {exc}")
                 else:
                     if pid == 0:
-                        _run_worker(sock, request, *fds)
-                    children.add(pid)
-                    _send(sock, "started", pid)
+                        _run_worker([*clients, *([listener] if shared else []),
+                                     *([watch] if watch is not None else [])], request, *fds)
+                    clients[client].add(pid)
+                    client_of[pid] = client
+                    reply(client, "started", pid)
                 finally:
                     for received in fds:
                         os.close(received)
-            elif not children and time.monotonic() - last > idle:
+            if not client_of and not doomed and now - last > idle and not (shared and clients):
                 return
     except OSError:
         return  # the launcher is gone
     finally:
-        _end_all(children)
+        _end_all(set(client_of) | set(doomed))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), [m for m in sys.argv[2].split(",") if m], float(sys.argv[3]))
+    serve(int(sys.argv[1]), [m for m in sys.argv[2].split(",") if m], float(sys.argv[3]),
+          int(sys.argv[5]) if len(sys.argv) > 5 else None)

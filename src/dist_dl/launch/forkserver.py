@@ -14,7 +14,12 @@ variables a launch sets per job or rank (Horovod's, its job's secret key
 included, ``TF_CONFIG``, torchrun's, dist_dl's per-worker ones): what an
 import may read. A launch with another key ends the server and starts its
 own (or, while the server's workers of another job run, starts new
-interpreters). The server imports the engine's framework (tf.distribute's
+interpreters). In a Spark task's Python worker, the server is the
+executor's, per import key: shared by the executor's Python workers (a job's
+concurrent tasks, and the workers PySpark starts after it ends idle ones),
+found at an abstract Unix socket named after the executor's PySpark daemon
+and the key, serving only its own user's processes, and ending when that
+daemon does (``dist_dl.launch._fork_server``). The server imports the engine's framework (tf.distribute's
 TensorFlow, PyTorch's) and the frameworks the launching process has
 imported itself (or, in a Spark task, those the job's driver had imported:
 ``dist_dl.launch.sparkfork``), with Horovod's binding of each for Horovod
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
 import pickle
 import socket
@@ -100,25 +106,85 @@ class ForkedProcess:
 
 
 class _Server:
-    def __init__(self, env: dict, preload: list[str]):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        room = " " * 1024  # for the workers' process titles
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "dist_dl.launch._fork_server", str(theirs.fileno()),
-                 ",".join(preload), str(IDLE_SECONDS), room],
-                env={**env, "PYTHONUNBUFFERED": "1"}, pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
-        finally:
-            theirs.close()
-        self._sock = ours
+    """A client's connection to a fork server. ``owner`` None: a server of
+    this process's own (a socket pair; it ends with this process). Else the
+    server shared by the Python workers of one executor, found at
+    ``address`` or started there, which ends with ``owner`` (the executor's
+    PySpark daemon)."""
+
+    def __init__(self, env: dict, preload: list[str], owner: int | None = None,
+                 address: str | None = None):
+        self._proc = None
         self._lock = threading.Lock()
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
         self._replies: list[tuple] = []
         self._pids: set[int] = set()
         self._closed = False
+        if owner is None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self._proc = self._spawn(env, preload, theirs, [])
+            finally:
+                theirs.close()
+            self._sock = ours
+            ready = self._ready()
+        else:
+            ready = None
+            for _ in range(3):  # a server idling out as this one connects: another
+                self._sock = self._connect(env, preload, owner, address)
+                try:
+                    ready = self._ready()
+                    break
+                except OSError:
+                    continue
+            if ready is None:
+                raise OSError("no fork server for this executor")
+        self.pid = ready[1]
+        threading.Thread(target=self._read, daemon=True, name="dist_dl-fork-server").start()
+
+    @staticmethod
+    def _spawn(env: dict, preload: list[str], end: socket.socket, owner: list[str]):
+        room = " " * 1024  # for the workers' process titles
+        return subprocess.Popen(
+            [sys.executable, "-m", "dist_dl.launch._fork_server", str(end.fileno()),
+             ",".join(preload), str(IDLE_SECONDS), room, *owner],
+            env={**env, "PYTHONUNBUFFERED": "1"}, pass_fds=[end.fileno()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def _connect(self, env: dict, preload: list[str], owner: int, address: str) -> socket.socket:
+        """Connected to the server at ``address``, started first if none listens."""
+        for _ in range(3):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(address)
+                return sock
+            except OSError:
+                sock.close()
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                listener.bind(address)
+            except OSError:  # another Python worker of this executor got there first
+                listener.close()
+                continue
+            try:
+                listener.listen(64)
+                # Not kept: the server outlives this Python worker, and its
+                # exit is reaped by whoever inherits it.
+                self._spawn(env, preload, listener, [str(owner)])
+            finally:
+                listener.close()
+            # Queued until the server's imports are done; then "ready".
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _ready(self) -> tuple:
         self._sock.settimeout(READY_SECONDS)
         try:
             ready = pickle.loads(self._sock.recv(_MAX_REPLY))
@@ -131,7 +197,7 @@ class _Server:
             self.close()
             raise OSError(f"the fork server answered {ready!r}")
         self._sock.settimeout(None)
-        threading.Thread(target=self._read, daemon=True, name="dist_dl-fork-server").start()
+        return ready
 
     def _read(self) -> None:
         while True:
@@ -199,10 +265,11 @@ class _Server:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self._proc.poll() is None
+        return not self._closed and (self._proc is None or self._proc.poll() is None)
 
     def close(self) -> None:
-        """End the server (it ends its workers); wait for it."""
+        """Leave the server, which ends this client's workers; a server of
+        this process's own exits, and is waited for."""
         try:
             # shutdown, not only close: the reader thread blocked in recv
             # keeps a closed socket open, and the server would see no end.
@@ -212,11 +279,12 @@ class _Server:
         try:
             self._sock.close()
         finally:
-            try:
-                self._proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            if self._proc is not None:
+                try:
+                    self._proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
 
 
 _MAX_REPLY = 1 << 16
@@ -286,6 +354,8 @@ def start(module: str, args: list[str], env: dict, engine: str,
         return None
     preload = preload_for(engine, imported)
     key = _key(env, preload)
+    owner = _executor_daemon()
+    address = None if owner is None else _address(owner, key)
     with _lock:
         if key in _failed:
             return None
@@ -297,7 +367,7 @@ def start(module: str, args: list[str], env: dict, engine: str,
                 if not _make_room():
                     return None  # every server's workers of other jobs run
                 try:
-                    server = _Server(_import_env(env), preload)
+                    server = _Server(_import_env(env), preload, owner, address)
                 except OSError:
                     _failed.add(key)
                     return None
@@ -309,6 +379,36 @@ def start(module: str, args: list[str], env: dict, engine: str,
                 # with a new one, then a new interpreter.
                 _servers.pop(key).close()
         return None
+
+
+def _executor_daemon() -> int | None:
+    """The PySpark daemon this process was forked from, where it is a Spark
+    task's Python worker (the executor's servers are shared); else None."""
+    if "pyspark" not in sys.modules:
+        return None
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return None
+    daemon = os.getppid()
+    try:
+        with open(f"/proc/{daemon}/cmdline", "rb") as f:
+            command = f.read().split(b"\0")
+    except OSError:
+        return None
+    return daemon if b"pyspark.daemon" in command else None
+
+
+def _address(owner: int, key: tuple) -> str:
+    """The abstract socket name of ``owner``'s server for ``key``, for this
+    user: ``owner``'s start time in it, so a recycled pid names another."""
+    try:
+        with open(f"/proc/{owner}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = ""
+    digest = hashlib.sha256(repr((os.getuid(), owner, started, key)).encode()).hexdigest()
+    return f"\0dist_dl-fork-{digest[:40]}"
 
 
 def _make_room() -> bool:

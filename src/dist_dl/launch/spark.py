@@ -390,13 +390,13 @@ def _wrap_horovod_tasks() -> None:
       per task), and PySpark does not return a Python worker to its pool
       when input is left unread after the task's function (pyspark/worker.py,
       "check end of stream"), so every Horovod job started new Python
-      workers and the executor's fork server went with them;
+      workers;
     - :func:`dist_dl.launch.termination.prompt_termination`: the task ends
       its worker processes promptly when the job is aborted or the task
       killed (Horovod's own sequence waits out 5 s it can never use);
     - :func:`dist_dl.launch.sparkfork.install`: the worker processes are
-      forked from the Python worker's fork server, which imports the
-      frameworks the driver had imported when the job started;
+      forked from the executor's fork server, which imports the frameworks
+      the driver had imported when the job started;
     - the task's ``sys.path`` into its environment
       (:func:`dist_dl.launch.worker.launcher_path_env`), which the worker
       takes before it unpickles the user's function

@@ -1,4 +1,4 @@
-"""Horovod's workers in a Spark task, forked from the task's fork server.
+"""Horovod's workers in a Spark task, forked from the executor's fork server.
 
 Horovod's task service runs each worker's command, ``env VAR=... python -m
 dist_dl.launch._spark_worker_main ADDRESSES SETTINGS``, through
@@ -7,11 +7,11 @@ dist_dl.launch._spark_worker_main ADDRESSES SETTINGS``, through
 TensorFlow and Horovod before the job's first line. In a Spark task prepared
 by :func:`install` (the task prologue of
 ``dist_dl.launch.spark._wrap_horovod_tasks``), that command is forked from
-the Python worker's fork server (:mod:`dist_dl.launch.forkserver`) instead,
-which has imported the frameworks the driver imported. The prologue reads
-the task's input through, so PySpark keeps the Python worker, and with it
-the server, for the executor's later tasks: a job's retries and the later
-jobs of the application fork from it.
+the executor's fork server (:mod:`dist_dl.launch.forkserver`) instead,
+which has imported the frameworks the driver imported. Every Python worker
+of the executor uses the same server (a job's concurrent tasks, and the
+Python workers PySpark starts after it ends idle ones): a job's retries and
+the later jobs of the application fork from it.
 
 What Horovod's ``execute`` gives is kept: the worker's environment (the task
 service's, then the command's own assignments, as ``env`` applies them), its
