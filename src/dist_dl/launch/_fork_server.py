@@ -179,6 +179,8 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
     shared = owner is not None
     listener = sock if shared else None
     watch = _watch(owner) if shared else None
+    # The server's files besides its clients: waited on, and closed in a worker.
+    own = [f for f in (listener, watch) if f is not None]
     clients: dict[socket.socket, set[int]] = {}  # client -> its running workers
     if not shared:
         clients[sock] = set()
@@ -190,9 +192,7 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
     last = time.monotonic()
     try:
         while True:
-            waiting = [*clients, *([listener] if shared else []),
-                       *([watch] if watch is not None else [])]
-            readable, _, _ = select.select(waiting, [], [], 0.05)
+            readable, _, _ = select.select([*clients, *own], [], [], 0.05)
             now = time.monotonic()
             while client_of or doomed:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -210,7 +210,7 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                     doomed[pid] = float("inf")
             if shared and (watch in readable if watch is not None else _gone(owner)):
                 return  # the executor is gone
-            if shared and listener in readable:
+            if listener in readable:
                 try:
                     conn, _ = listener.accept()
                     mine = _peer_uid(conn) == os.getuid()
@@ -247,8 +247,7 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                     reply(client, "error", f"{type(exc).__name__}: {exc}")
                 else:
                     if pid == 0:
-                        _run_worker([*clients, *([listener] if shared else []),
-                                     *([watch] if watch is not None else [])], request, *fds)
+                        _run_worker([*clients, *own], request, *fds)
                     clients[client].add(pid)
                     client_of[pid] = client
                     reply(client, "started", pid)

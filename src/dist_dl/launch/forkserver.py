@@ -130,16 +130,7 @@ class _Server:
             self._sock = ours
             ready = self._ready()
         else:
-            ready = None
-            for _ in range(3):  # a server idling out as this one connects: another
-                self._sock = self._connect(env, preload, owner, address)
-                try:
-                    ready = self._ready()
-                    break
-                except OSError:
-                    continue
-            if ready is None:
-                raise OSError("no fork server for this executor")
+            ready = self._join(env, preload, owner, address)
         self.pid = ready[1]
         threading.Thread(target=self._read, daemon=True, name="dist_dl-fork-server").start()
 
@@ -153,36 +144,39 @@ class _Server:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
 
-    def _connect(self, env: dict, preload: list[str], owner: int, address: str) -> socket.socket:
-        """Connected to the server at ``address``, started first if none listens."""
+    def _join(self, env: dict, preload: list[str], owner: int, address: str) -> tuple:
+        """Connect to the server at ``address``, starting it there if none
+        listens; its "ready". Tried three times: another Python worker of the
+        executor may bind the name first, a server may idle out as one connects."""
         for _ in range(3):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                sock.connect(address)
-                return sock
+                self._sock.connect(address)
             except OSError:
-                sock.close()
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                self._sock.close()
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                try:
+                    listener.bind(address)
+                    listener.listen(64)
+                    # Not kept: the server outlives this Python worker, and its
+                    # exit is reaped by whoever inherits it.
+                    self._spawn(env, preload, listener, [str(owner)])
+                except OSError:  # another Python worker got there first
+                    continue
+                finally:
+                    listener.close()
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                try:
+                    # Queued until the server's imports are done; then "ready".
+                    self._sock.connect(address)
+                except OSError:
+                    self._sock.close()
+                    continue
             try:
-                listener.bind(address)
-            except OSError:  # another Python worker of this executor got there first
-                listener.close()
+                return self._ready()
+            except OSError:
                 continue
-            try:
-                listener.listen(64)
-                # Not kept: the server outlives this Python worker, and its
-                # exit is reaped by whoever inherits it.
-                self._spawn(env, preload, listener, [str(owner)])
-            finally:
-                listener.close()
-            # Queued until the server's imports are done; then "ready".
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.connect(address)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        raise OSError("no fork server for this executor")
 
     def _ready(self) -> tuple:
         self._sock.settimeout(READY_SECONDS)
@@ -355,7 +349,6 @@ def start(module: str, args: list[str], env: dict, engine: str,
     preload = preload_for(engine, imported)
     key = _key(env, preload)
     owner = _executor_daemon()
-    address = None if owner is None else _address(owner, key)
     with _lock:
         if key in _failed:
             return None
@@ -367,7 +360,8 @@ def start(module: str, args: list[str], env: dict, engine: str,
                 if not _make_room():
                     return None  # every server's workers of other jobs run
                 try:
-                    server = _Server(_import_env(env), preload, owner, address)
+                    server = _Server(_import_env(env), preload, owner,
+                                     None if owner is None else _address(owner, key))
                 except OSError:
                     _failed.add(key)
                     return None
