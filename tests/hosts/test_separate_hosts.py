@@ -325,14 +325,17 @@ print(json.dumps({"errors": errors, "runs_left": os.listdir("runs") if os.path.e
 def test_executors_that_cannot_reach_the_driver_end_in_an_error_not_a_hang(hosts):
     """The driver address the library used to force (127.0.0.1) makes every
     executor exit at start: the job fails within spark.dist_dl.stallTimeout,
-    quoting Spark's exit messages and the address the executors were given."""
-    out = hosts.run_driver("""
+    quoting Spark's exit messages and the address the executors were given.
+    The watch's wait is set short: the standalone master starts a new
+    executor each time one exits (about one CPU-second each) until then."""
+    stall = 10
+    out = hosts.run_driver(f"STALL = {stall!r}\n" + """
 import json, os, time
 from dist_dl.prepare import prepare_image_dataset, write_digits_tree
 from dist_dl.core.session import get_spark
 from dist_dl.core.stall import SparkStalled
 spark = get_spark(MASTER, conf={"spark.driver.host": "127.0.0.1",
-                                "spark.dist_dl.stallTimeout": "25"})
+                                "spark.dist_dl.stallTimeout": str(STALL)})
 train_dir, _ = write_digits_tree(os.path.join(SHARED, "stall", "digits"), image_size=8,
                                  validation_fraction=0.0)
 start = time.time()
@@ -347,7 +350,7 @@ print(json.dumps({"error": error, "seconds": time.time() - start}))
     assert out["error"] is not None
     assert "127.0.0.1:" in out["error"] and "spark.driver.host" in out["error"]
     assert "exited with code" in out["error"], out["error"]
-    assert out["seconds"] < 25 + 60
+    assert out["seconds"] < stall + 60
 
 
 @pytest.mark.timeout(600)
