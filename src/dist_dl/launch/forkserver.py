@@ -149,34 +149,33 @@ class _Server:
         listens; its "ready". Tried three times: another Python worker of the
         executor may bind the name first, a server may idle out as one connects."""
         for _ in range(3):
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                self._sock.connect(address)
-            except OSError:
-                self._sock.close()
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                try:
-                    listener.bind(address)
-                    listener.listen(64)
-                    # Not kept: the server outlives this Python worker, and its
-                    # exit is reaped by whoever inherits it.
-                    self._spawn(env, preload, listener, [str(owner)])
-                except OSError:  # another Python worker got there first
-                    continue
-                finally:
-                    listener.close()
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                try:
-                    # Queued until the server's imports are done; then "ready".
-                    self._sock.connect(address)
-                except OSError:
-                    self._sock.close()
-                    continue
+            sock = _dial(address)
+            if sock is None and self._start_at(address, env, preload, owner):
+                sock = _dial(address)  # queued until the server's imports are done
+            if sock is None:
+                continue
+            self._sock = sock
             try:
                 return self._ready()
             except OSError:
                 continue
         raise OSError("no fork server for this executor")
+
+    def _start_at(self, address: str, env: dict, preload: list[str], owner: int) -> bool:
+        """Start a server listening at ``address``; False if another Python
+        worker of the executor bound it first."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            listener.bind(address)
+            listener.listen(64)
+            # Not kept: the server outlives this Python worker, and its exit
+            # is reaped by whoever inherits it.
+            self._spawn(env, preload, listener, [str(owner)])
+            return True
+        except OSError:
+            return False
+        finally:
+            listener.close()
 
     def _ready(self) -> tuple:
         self._sock.settimeout(READY_SECONDS)
@@ -279,6 +278,17 @@ class _Server:
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
                     self._proc.wait()
+
+
+def _dial(address: str) -> socket.socket | None:
+    """A connection to the server listening at ``address``, or None."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 _MAX_REPLY = 1 << 16
