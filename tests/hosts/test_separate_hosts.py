@@ -241,46 +241,6 @@ print(json.dumps({"rows": summary.rows_written, "delta_log": os.path.isdir(
     assert out["epochs_logged"] == 3
 
 
-@pytest.mark.timeout(900)
-def test_ensemble_and_search_on_separate_hosts(hosts):
-    """Ensemble members go through the shared output_dir (written by one
-    executor, read by another for scoring); search trials report to the
-    driver's address from both worker hosts."""
-    out = hosts.run_driver(_program("""
-from sklearn.datasets import load_wine
-from sklearn.ensemble import RandomForestClassifier
-from dist_dl.ensemble import train_ensemble
-from dist_dl.search import search
-from dist_dl.search import Uniform
-root = os.path.join(SHARED, "ens")
-wine = load_wine(as_frame=True).frame
-df = spark.createDataFrame(wine).repartition(4)
-features = [c for c in wine.columns if c != "target"]
-ensemble = train_ensemble(df, lambda i: RandomForestClassifier(n_estimators=20, random_state=i),
-                          num_models=4, feature_cols=features, label_col="target",
-                          output_dir=os.path.join(root, "out"),
-                          tracking_uri=os.path.join(root, "mlruns"))
-members = os.path.join(root, "out", "ensembles")
-left = os.listdir(members) if os.path.exists(members) else []
-
-def trial(params, reporter):
-    import socket
-    reporter.report(params["x"])
-    return (params["x"] - 3.0) ** 2
-
-result = search(trial, {"x": Uniform(0.0, 6.0)}, max_trials=4, max_concurrent=2,
-                early_stopping=None, tracking_uri=os.path.join(root, "mlruns"), spark=spark)
-tracking = os.path.join(root, "mlruns")
-import mlflow
-mlflow.set_tracking_uri(tracking)
-print(json.dumps({"members": len(ensemble.members), "accuracy": ensemble.score,
-                  "left": left, "trials": len(result.trials), "best": result.best_value}))
-"""))
-    assert out["members"] == 4 and out["accuracy"] > 0.8
-    assert out["left"] == []
-    assert out["trials"] == 4
-
-
 @pytest.mark.timeout(600)
 def test_driver_local_paths_are_refused_before_any_worker_starts(hosts):
     """The default output_dir ("runs", relative to the driver's working

@@ -148,9 +148,13 @@ def run_program(request, where: str, code: str, timeout: float = 600,
     return out
 
 
-# ------------------------------------------------------------ F3, F4
+# ------------------------------------------------------------ F3, F4, F4b
 
-_FAULTY_JOB = '''
+# One driver program, one Spark application, the three jobs one after
+# another (a notebook's cells on one cluster): the slow worker first, then the
+# worker that raises, then the stopped one. Each job's canary and workers
+# must be gone before the next job starts.
+_FAULTY_JOBS = '''
 from dist_dl import HorovodRunner
 from dist_dl.core.session import get_spark
 
@@ -177,23 +181,22 @@ def main(canary, fault, seconds):
         time.sleep(900)   # rank 0 waits: the launcher must end it
     return float(total.numpy()[0])
 
-start = time.time()
-try:
-    result = HorovodRunner(np=2, timeout=TIMEOUT).run(main, canary=CANARY, fault=FAULT,
-                                                      seconds=SLOW)
-    error = None
-except Exception as exc:
-    result, error = None, f"{type(exc).__name__}: {exc}"
-seconds = time.time() - start
-gone, left = gone_within([CANARY] + HOROVOD)
-print(json.dumps({"result": result, "error": error, "seconds": seconds, "gone": gone,
-                  "left": left}))
+outcomes = {}
+for fault, timeout, slow in JOBS:
+    canary = f"{CANARY}-{fault}"
+    start = time.time()
+    try:
+        result = HorovodRunner(np=2, timeout=timeout).run(main, canary=canary, fault=fault,
+                                                          seconds=slow)
+        error = None
+    except Exception as exc:
+        result, error = None, f"{type(exc).__name__}: {exc}"
+    seconds = time.time() - start
+    gone, left = gone_within([canary] + HOROVOD)
+    outcomes[fault] = {"result": result, "error": error, "seconds": seconds, "gone": gone,
+                       "left": left}
+print(json.dumps(outcomes))
 '''
-
-
-def _faulty_job(fault: str, timeout: float, slow: float = 0.0) -> str:
-    return (f"FAULT = {fault!r}\nTIMEOUT = {timeout!r}\nSLOW = {slow!r}\n"
-            f"HOROVOD = {_HOROVOD!r}\n" + _FAULTY_JOB)
 
 
 def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
@@ -203,50 +206,51 @@ def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
     s.figure(f"no process left {out['gone']:.1f} s after the error")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.hosts
 @pytest.mark.parametrize("where", WHERE)
-def test_an_exception_in_one_worker_is_named_and_leaves_no_process(request, scenario, where):
-    s = scenario(f"F3 {where}", "exception in one worker",
-                 "HorovodRunner(np=2, timeout=60): rank 1 raises after an allreduce, rank 0 "
-                 "waits in a sleep; every worker has started a child process",
-                 "the driver's error names rank 1, its host and the message within "
-                 "timeout + 30 s; "
-                 "10 s later no worker or child of the job is left on any host")
-    out = run_program(request, where, _faulty_job("raise", 60.0))
-    host = "worker" if where == "hosts" else ""   # rank 1 runs on worker1 or worker2
-    assert out["error"] is not None and f"rank 1 on host {host}" in out["error"], out["error"]
-    assert "ValueError: fault injected on rank 1" in out["error"], out["error"]
-    _timely_and_nothing_left(s, out, "error on the driver", limit=60 + 30)
+def test_a_failing_stopped_or_slow_worker_is_named_or_timed_out_or_no_alarm(
+        request, scenario, where):
+    slow = scenario(f"F4b {where}", "slow worker",
+                    "HorovodRunner(np=2, timeout=90): rank 1 sleeps 15 s before an allreduce",
+                    "no error; the allreduce's result is right; no process left after")
+    raised = scenario(f"F3 {where}", "exception in one worker",
+                      "HorovodRunner(np=2, timeout=60): rank 1 raises after an allreduce, "
+                      "rank 0 waits in a sleep; every worker has started a child process",
+                      "the driver's error names rank 1, its host and the message within "
+                      "timeout + 30 s; "
+                      "10 s later no worker or child of the job is left on any host")
+    stopped = scenario(f"F4 {where}", "stopped worker",
+                       "HorovodRunner(np=2, timeout=10): rank 1 stops itself with SIGSTOP "
+                       "before an allreduce (past any collective's patience)",
+                       "a timeout error on the driver within timeout + grace (15 s) + 30 s; "
+                       "10 s later no worker or child of the job is left on any host (the "
+                       "stopped one included)")
+    jobs = [("slow", 90.0, 15.0), ("raise", 60.0, 0.0), ("stop", 10.0, 0.0)]
+    out = run_program(request, where, f"JOBS = {jobs!r}\nHOROVOD = {_HOROVOD!r}\n"
+                      + _FAULTY_JOBS, timeout=800)
 
+    def slow_is_no_alarm(s, job):
+        assert job["error"] is None, job["error"]
+        assert job["result"] == 3.0
+        assert job["gone"] is not None, f"left behind: {job['left']}"
+        s.figure(f"finished in {job['seconds']:.1f} s, result right")
 
-@pytest.mark.timeout(600)
-@pytest.mark.hosts
-@pytest.mark.parametrize("where", WHERE)
-def test_a_stopped_worker_ends_in_a_timeout_and_leaves_no_process(request, scenario, where):
-    s = scenario(f"F4 {where}", "stopped worker",
-                 "HorovodRunner(np=2, timeout=10): rank 1 stops itself with SIGSTOP before "
-                 "an allreduce (past any collective's patience)",
-                 "a timeout error on the driver within timeout + grace (15 s) + 30 s; "
-                 "10 s later no worker or child of the job is left on any host (the "
-                 "stopped one included)")
-    out = run_program(request, where, _faulty_job("stop", 10.0))
-    assert out["error"] is not None and "timeout" in out["error"].lower(), out["error"]
-    _timely_and_nothing_left(s, out, out["error"].split(":")[0], limit=10 + 15 + 30)
+    def raised_is_named(s, job):
+        host = "worker" if where == "hosts" else ""   # rank 1 runs on worker1 or worker2
+        assert job["error"] is not None and f"rank 1 on host {host}" in job["error"], job["error"]
+        assert "ValueError: fault injected on rank 1" in job["error"], job["error"]
+        _timely_and_nothing_left(s, job, "error on the driver", limit=60 + 30)
 
+    def stopped_times_out(s, job):
+        assert job["error"] is not None and "timeout" in job["error"].lower(), job["error"]
+        _timely_and_nothing_left(s, job, job["error"].split(":")[0], limit=10 + 15 + 30)
 
-@pytest.mark.timeout(600)
-@pytest.mark.hosts
-@pytest.mark.parametrize("where", WHERE)
-def test_a_slow_worker_under_the_timeout_is_no_alarm(request, scenario, where):
-    s = scenario(f"F4b {where}", "slow worker",
-                 "HorovodRunner(np=2, timeout=90): rank 1 sleeps 15 s before an allreduce",
-                 "no error; the allreduce's result is right; no process left after")
-    out = run_program(request, where, _faulty_job("slow", 90.0, slow=15.0))
-    assert out["error"] is None, out["error"]
-    assert out["result"] == 3.0
-    assert out["gone"] is not None, f"left behind: {out['left']}"
-    s.figure(f"finished in {out['seconds']:.1f} s, result right")
+    checks = [(slow, slow_is_no_alarm, out["slow"]), (raised, raised_is_named, out["raise"]),
+              (stopped, stopped_times_out, out["stop"])]
+    failed = [f"{s.key}: {error}" for s, check, job in checks
+              if (error := s.check(check, s, job)) is not None]
+    assert not failed, "\n".join(failed)
 
 
 # ------------------------------------------------------------ F7
@@ -408,46 +412,54 @@ def test_a_worker_killed_at_five_points_three_times_each_loses_no_completed_epoc
 
 # ------------------------------------------------------------ F6
 
-_INTERRUPTED_TRAINING = '''
+_INTERRUPTED_TRAININGS = '''
 import glob, signal, threading
 from mlflow.tracking import MlflowClient
 from dist_dl import train_distributed
 from dist_dl.core.session import get_spark
 
 spark = ready(get_spark(MASTER))
-root = os.path.join(SHARED, "f6-" + FAULT)
+root = os.path.join(SHARED, "f6")
 frame = digits_frame(spark, os.path.join(root, "digits"))
+# One output folder: the second training reuses the DataFrame's shards.
 out_dir, mlruns = os.path.join(root, "out"), os.path.join(root, "mlruns")
-state = {}
+checkpoints = os.path.join(out_dir, "checkpoints", "*", "ckpt-*")
 
-def interrupt():
-    # Once the first epoch's checkpoint is published: training well under way.
-    while not glob.glob(os.path.join(out_dir, "checkpoints", "*", "ckpt-*")):
+def interrupt(fault, state, before):
+    # Once this training's first checkpoint is published: well under way.
+    while not set(glob.glob(checkpoints)) - before:
         time.sleep(0.1)
     time.sleep(1.0)   # into the second epoch
     state["at"] = time.time()
-    if FAULT == "sigint":
+    if fault == "sigint":
         os.kill(os.getpid(), signal.SIGINT)
     else:
         spark.sparkContext.cancelAllJobs()
 
-threading.Thread(target=interrupt, daemon=True).start()
-try:
-    train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
-                      label_col="digit", num_workers=2, backend="spark", epochs=40,
-                      batch_size=32, augment=False, eval_crop_fraction=1.0, max_retries=2,
-                      output_dir=out_dir, tracking_uri=mlruns)
-    error = None
-except BaseException as exc:
-    error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-raised = time.time() - state.get("at", time.time())
-gone, left = gone_within(HOROVOD, seconds=max(0.0, 10.0 - raised))
-client = MlflowClient(mlruns)
-runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-print(json.dumps({"error": error, "raised": raised, "gone": gone, "left": left,
-                  "status": [r.info.status for r in runs],
-                  "attempt_tags": [sorted(k for k in r.data.tags if k.startswith("dist_dl.attempt"))
-                                   for r in runs]}))
+outcomes = {}
+for fault in FAULTS:
+    state = {}
+    threading.Thread(target=interrupt, args=(fault, state, set(glob.glob(checkpoints))),
+                     daemon=True).start()
+    try:
+        train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
+                          label_col="digit", num_workers=2, backend="spark", epochs=40,
+                          batch_size=32, augment=False, eval_crop_fraction=1.0, max_retries=2,
+                          output_dir=out_dir, tracking_uri=mlruns,
+                          experiment_name="f6-" + fault)
+        error = None
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    raised = time.time() - state.get("at", time.time())
+    gone, left = gone_within(HOROVOD, seconds=max(0.0, 10.0 - raised))
+    client = MlflowClient(mlruns)
+    runs = client.search_runs([client.get_experiment_by_name("f6-" + fault).experiment_id])
+    outcomes[fault] = {
+        "error": error, "raised": raised, "gone": gone, "left": left,
+        "status": [r.info.status for r in runs],
+        "attempt_tags": [sorted(k for k in r.data.tags if k.startswith("dist_dl.attempt"))
+                         for r in runs]}
+print(json.dumps(outcomes))
 '''
 
 
@@ -551,26 +563,22 @@ def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(requ
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
-@pytest.mark.parametrize("fault", ["sigint", "cancel"])
-def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario, fault):
+def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario):
     where = "hosts"
-    what = {"sigint": ("Ctrl-C on the driver", "SIGINT to the driver process"),
-            "cancel": ("Spark jobs cancelled", "SparkContext.cancelAllJobs() from another "
-                       "thread of the driver (a notebook's or a service's cancel)")}[fault]
-    s = scenario(f"F6{'a' if fault == 'sigint' else 'b'} {where}", what[0],
-                 f"train_distributed(df, num_workers=2, max_retries=2) on the cluster; "
-                 f"{what[1]} one second into epoch 2",
-                 "every worker process ends within 10 s of it on every host; no temporary "
-                 "folder of the library is left; the MLflow run is KILLED, not retried")
-    out = run_program(request, where, f"FAULT = {fault!r}\nHOROVOD = {_HOROVOD!r}\n"
-                      + _INTERRUPTED_TRAINING, timeout=800)
-    expected = "KeyboardInterrupt" if fault == "sigint" else "JobCancelled"
-    assert out["error"] is not None and out["error"].startswith(expected), out["error"]
-    s.figure(f"{expected} on the driver {out['raised']:.1f} s after it")
-    assert out["gone"] is not None, f"left behind: {out['left']}"
-    s.figure(f"every worker gone {out['raised'] + out['gone']:.1f} s after it")
-    assert out["status"] == ["KILLED"], out["status"]
-    assert out["attempt_tags"] == [[]], f"a cancelled run must not be retried: {out}"
+    # One driver program: the cancel, then Ctrl-C (a notebook's cells on one
+    # cluster); the second training reuses the first one's shards.
+    faults = {"cancel": ("F6b", "Spark jobs cancelled", "SparkContext.cancelAllJobs() from "
+                         "another thread of the driver (a notebook's or a service's cancel)"),
+              "sigint": ("F6a", "Ctrl-C on the driver", "SIGINT to the driver process")}
+    made = {fault: scenario(f"{key} {where}", title,
+                            f"train_distributed(df, num_workers=2, max_retries=2) on the "
+                            f"cluster; {how} one second into epoch 2",
+                            "every worker process ends within 10 s of it on every host; no "
+                            "temporary folder of the library is left; the MLflow run is "
+                            "KILLED, not retried")
+            for fault, (key, title, how) in faults.items()}
+    out = run_program(request, where, f"FAULTS = {list(faults)!r}\nHOROVOD = {_HOROVOD!r}\n"
+                      + _INTERRUPTED_TRAININGS, timeout=800)
     # After the driver program ended: its session's scratch folder too.
     leftovers = []
     cluster = request.getfixturevalue("hosts")
@@ -578,8 +586,21 @@ def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario, f
         listing = cluster.hosts[name].run(["sh", "-c", "ls -d /tmp/dist_dl-* 2>/dev/null"],
                                           env=cluster.env(name), timeout=30).stdout.split()
         leftovers += [f"{name}:{p}" for p in listing]
-    assert leftovers == [], leftovers
-    s.figure("run KILLED, no temporary folder left on any host")
+
+    def interrupted(s, fault, run):
+        expected = "KeyboardInterrupt" if fault == "sigint" else "JobCancelled"
+        assert run["error"] is not None and run["error"].startswith(expected), run["error"]
+        s.figure(f"{expected} on the driver {run['raised']:.1f} s after it")
+        assert run["gone"] is not None, f"left behind: {run['left']}"
+        s.figure(f"every worker gone {run['raised'] + run['gone']:.1f} s after it")
+        assert run["status"] == ["KILLED"], run["status"]
+        assert run["attempt_tags"] == [[]], f"a cancelled run must not be retried: {run}"
+        assert leftovers == [], leftovers
+        s.figure("run KILLED, no temporary folder left on any host")
+
+    failed = [f"{s.key}: {error}" for fault, s in made.items()
+              if (error := s.check(interrupted, s, fault, out[fault])) is not None]
+    assert not failed, "\n".join(failed)
 
 
 # ------------------------------------------------------------ F8
@@ -700,11 +721,12 @@ def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothi
                  "first training task runs (each member's factory pauses 6 s); then "
                  "search(max_trials=4, max_concurrent=2) with the executor killed again "
                  "while a trial runs there",
-                 "the run finishes through Spark's task retry; its 4 members predict "
+                 "the undisturbed run's held-out accuracy is above 0.8; the faulted run "
+                 "finishes through Spark's task retry; its 4 members predict "
                  "exactly as the undisturbed run's (no duplicate or missing member, the "
                  "same held-out score); no file is left under output_dir; the MLflow "
-                 "model holds 4 members; the search ends with 4 completed trials, each "
-                 "once, one finished MLflow run each")
+                 "model holds 4 members; the search's trials run on both worker hosts and "
+                 "it ends with 4 completed trials, each once, one finished MLflow run each")
     out = run_program(request, "hosts", _ENSEMBLE_WITH_A_LOST_EXECUTOR, timeout=800)
     assert out["killed"], f"no executor JVM was found on worker1 to kill: {out}"
     retried = _repeated(a.split("-")[1] for a in out["attempts"])
@@ -712,6 +734,9 @@ def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothi
     s.figure(f"executor JVM killed, member(s) {', '.join(retried)} trained again; the run finished "
              f"{out['after_kill']:.1f} s after the kill ({out['seconds']:.1f} s in all)")
     base, faulted = out["baseline"], out["faulted"]
+    # The undisturbed run is the ensemble on separate hosts: members written to
+    # the shared output_dir by the executors, read back on the driver.
+    assert len(base["probas"]) == 4 and base["score"] > 0.8, base["score"]
     assert len(faulted["probas"]) == 4
     assert faulted["rows"] == base["rows"], (faulted["rows"], base["rows"])
     assert faulted["probas"] == base["probas"], "a retried member differs from the undisturbed run's"
@@ -726,6 +751,9 @@ def test_an_executor_lost_during_an_ensemble_or_a_search_loses_and_repeats_nothi
     assert len(out["trials"]) == 4 and not _repeated(t[1] for t in out["trials"]), out["trials"]
     assert all(status == "completed" and value == pytest.approx((x - 3.0) ** 2)
                for _, x, status, value in out["trials"]), out["trials"]
+    # Trials ran on both worker hosts and reported to the driver's address from each.
+    assert {m.split("-")[-1] for m in out["trial_marks"]} == {"worker1", "worker2"}, \
+        out["trial_marks"]
     rerun = _repeated(m.split("-")[1] for m in out["trial_marks"])
     assert rerun, f"the kill retried no trial: {out['trial_marks']}"
     assert out["children"] == [[str(n), "FINISHED"] for n in range(4)], out["children"]

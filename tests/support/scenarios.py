@@ -50,9 +50,24 @@ class Scenario:
     # Benchmark entries (dist_dl.app.bench.result_entry) for benchmarks/results.json,
     # merged there by the report, never by the test run.
     rates: dict = field(default_factory=dict)
+    # Its own outcome where a test holds several scenarios (check): None
+    # until checked, then "" (passed) or the failed assertion.
+    checked: str | None = None
 
     def figure(self, text: str) -> None:
         self.figures.append(text)
+
+    def check(self, fn, *args) -> str | None:
+        """Run ``fn(*args)``, this scenario's pass condition, in a test of
+        several: its AssertionError becomes this row's failure (returned,
+        for the test to fail with) instead of every row's."""
+        try:
+            fn(*args)
+        except AssertionError as exc:
+            self.checked = " ".join(str(exc).split()) or "assertion failed"
+            return self.checked
+        self.checked = ""
+        return None
 
     def rate(self, key: str, entry: dict) -> None:
         """A figure that is a rate: ``entry`` goes to benchmarks/results.json
@@ -86,7 +101,8 @@ def write() -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     path = folder / f"{stamp}-{profile() or 'default'}-{os.getpid()}.json"
-    path.write_text(json.dumps([asdict(s) for s in _RECORDED], indent=1) + "\n")
+    path.write_text(json.dumps([{k: v for k, v in asdict(s).items() if k != "checked"}
+                                for s in _RECORDED], indent=1) + "\n")
     return path
 
 
