@@ -31,10 +31,9 @@ pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 
 # F3, F4 and F4b run on the cluster of separate hosts, the harder of the two
-# settings. Their local-Spark variants were dropped for CI's time (26 Nov
-# 2026, about 85 s): on local Spark the same launcher's failing-rank error and
-# timeout are test_launcher.py's test_worker_exception_on_spark and
-# test_timeout_spark, for both engines.
+# settings. On local Spark the same launcher's failing-rank error and timeout
+# are test_launcher.py's test_worker_exception_on_spark and test_timeout_spark,
+# for both engines.
 WHERE = [pytest.param("hosts", id="hosts")]
 
 # Given to every driver program: which processes of the machine belong to a
@@ -199,6 +198,17 @@ print(json.dumps(outcomes))
 '''
 
 
+def _each_passes(*checks) -> None:
+    """Each ``(scenario, pass_condition, *args)`` in turn: the condition is
+    called with the scenario and args, its outcome kept on the scenario's own
+    row (Scenario.check); fails naming every scenario that failed on the
+    first line, which `make test-repeat` prints."""
+    failed = [(s.key, error) for s, condition, *args in checks
+              if (error := s.check(condition, s, *args)) is not None]
+    assert not failed, ("scenarios failed: " + ", ".join(key for key, _ in failed) + "\n"
+                        + "\n".join(f"{key}: {error}" for key, error in failed))
+
+
 def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
     s.figure(f"{what} after {out['seconds']:.1f} s")
     assert out["seconds"] < limit, out
@@ -246,11 +256,8 @@ def test_a_failing_stopped_or_slow_worker_is_named_or_timed_out_or_no_alarm(
         assert job["error"] is not None and "timeout" in job["error"].lower(), job["error"]
         _timely_and_nothing_left(s, job, job["error"].split(":")[0], limit=10 + 15 + 30)
 
-    checks = [(slow, slow_is_no_alarm, out["slow"]), (raised, raised_is_named, out["raise"]),
-              (stopped, stopped_times_out, out["stop"])]
-    failed = [f"{s.key}: {error}" for s, check, job in checks
-              if (error := s.check(check, s, job)) is not None]
-    assert not failed, "\n".join(failed)
+    _each_passes((slow, slow_is_no_alarm, out["slow"]), (raised, raised_is_named, out["raise"]),
+                 (stopped, stopped_times_out, out["stop"]))
 
 
 # ------------------------------------------------------------ F7
@@ -598,9 +605,7 @@ def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario):
         assert leftovers == [], leftovers
         s.figure("run KILLED, no temporary folder left on any host")
 
-    failed = [f"{s.key}: {error}" for fault, s in made.items()
-              if (error := s.check(interrupted, s, fault, out[fault])) is not None]
-    assert not failed, "\n".join(failed)
+    _each_passes(*[(s, interrupted, fault, out[fault]) for fault, s in made.items()])
 
 
 # ------------------------------------------------------------ F8
