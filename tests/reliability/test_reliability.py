@@ -24,6 +24,7 @@ import uuid
 import pytest
 
 import host_cluster as hosts_module
+from scenarios import check_each
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
@@ -198,17 +199,6 @@ print(json.dumps(outcomes))
 '''
 
 
-def _each_passes(*checks) -> None:
-    """Each ``(scenario, pass_condition, *args)`` in turn: the condition is
-    called with the scenario and args, its outcome kept on the scenario's own
-    row (Scenario.check); fails naming every scenario that failed on the
-    first line, which `make test-repeat` prints."""
-    failed = [(s.key, error) for s, condition, *args in checks
-              if (error := s.check(condition, s, *args)) is not None]
-    assert not failed, ("scenarios failed: " + ", ".join(key for key, _ in failed) + "\n"
-                        + "\n".join(f"{key}: {error}" for key, error in failed))
-
-
 def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
     s.figure(f"{what} after {out['seconds']:.1f} s")
     assert out["seconds"] < limit, out
@@ -256,8 +246,8 @@ def test_a_failing_stopped_or_slow_worker_is_named_or_timed_out_or_no_alarm(
         assert job["error"] is not None and "timeout" in job["error"].lower(), job["error"]
         _timely_and_nothing_left(s, job, job["error"].split(":")[0], limit=10 + 15 + 30)
 
-    _each_passes((slow, slow_is_no_alarm, out["slow"]), (raised, raised_is_named, out["raise"]),
-                 (stopped, stopped_times_out, out["stop"]))
+    check_each((slow, slow_is_no_alarm, out["slow"]), (raised, raised_is_named, out["raise"]),
+                (stopped, stopped_times_out, out["stop"]))
 
 
 # ------------------------------------------------------------ F7
@@ -605,7 +595,7 @@ def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario):
         assert leftovers == [], leftovers
         s.figure("run KILLED, no temporary folder left on any host")
 
-    _each_passes(*[(s, interrupted, fault, out[fault]) for fault, s in made.items()])
+    check_each(*[(s, interrupted, fault, out[fault]) for fault, s in made.items()])
 
 
 # ------------------------------------------------------------ F8

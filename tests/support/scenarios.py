@@ -51,8 +51,9 @@ class Scenario:
     # merged there by the report, never by the test run.
     rates: dict = field(default_factory=dict)
     # Its own outcome where a test holds several scenarios (check): None
-    # until checked, then "" (passed) or the failed assertion.
-    checked: str | None = None
+    # until checked, then "" (passed) or the failed assertion. Not a field:
+    # the row's result is ``result``, set when the scenario is recorded.
+    checked = None
 
     def figure(self, text: str) -> None:
         self.figures.append(text)
@@ -73,6 +74,17 @@ class Scenario:
         """A figure that is a rate: ``entry`` goes to benchmarks/results.json
         under ``key`` when the report is made."""
         self.rates[key] = entry
+
+
+def check_each(*checks) -> None:
+    """The scenarios of one test, each ``(scenario, pass_condition, *args)``:
+    every condition is called with its scenario and args, its outcome kept on
+    that scenario's row (:meth:`Scenario.check`); fails naming every scenario
+    that failed on the first line, which ``make test-repeat`` prints."""
+    failed = [(s.key, error) for s, condition, *args in checks
+              if (error := s.check(condition, s, *args)) is not None]
+    assert not failed, ("scenarios failed: " + ", ".join(key for key, _ in failed) + "\n"
+                        + "\n".join(f"{key}: {error}" for key, error in failed))
 
 
 def profile() -> str:
@@ -101,8 +113,7 @@ def write() -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     path = folder / f"{stamp}-{profile() or 'default'}-{os.getpid()}.json"
-    path.write_text(json.dumps([{k: v for k, v in asdict(s).items() if k != "checked"}
-                                for s in _RECORDED], indent=1) + "\n")
+    path.write_text(json.dumps([asdict(s) for s in _RECORDED], indent=1) + "\n")
     return path
 
 
