@@ -356,10 +356,12 @@ def test_a_worker_killed_at_five_points_three_times_each_loses_no_completed_epoc
                  f"train_distributed(num_workers=2, epochs={epochs}, max_retries={epochs}, "
                  "backend='local', Horovod) of a small CNN with a validation pass; in each "
                  "epoch one worker gets SIGKILL from itself at one of five points: "
-                 + "; ".join(points) + " (inside the step: a thread of the worker's own, "
-                 "watching the training thread's stack, fires a random part of a step in; "
-                 "the checkpoint write: once the checkpoint's temporary folder exists). Each "
-                 "point three times, in one run, the victim alternating between ranks",
+                 + "; ".join(points) + " (each made by the worker's own code at the point, "
+                 "whatever the machine's pace: the allreduce from an identity layer's gradient "
+                 "inside the compiled step, after the later layers' gradients; the checkpoint "
+                 "write as the state's files are in the temporary folder and the manifest is "
+                 "not; validation as its second step is called). Each point three times, in "
+                 "one run, the victim alternating between ranks",
                  "the run finishes after every kill (each retry goes on from the last "
                  "complete checkpoint); no completed epoch is lost: each attempt begins at "
                  "the epoch the kill interrupted, so only that epoch runs again; every epoch "
@@ -372,7 +374,7 @@ def test_a_worker_killed_at_five_points_three_times_each_loses_no_completed_epoc
     store = (tmp_path / "mlruns").as_uri()
     started = time.monotonic()
     trained = train_distributed(
-        shards, validation=shards, model="small_cnn", epochs=epochs, num_workers=2,
+        shards, validation=shards, model=train_hooks.gated_cnn, epochs=epochs, num_workers=2,
         batch_size=4, image_size=16, max_retries=epochs, backend="local", engine="horovod",
         reader="arrow",
         tracking_uri=store, output_dir=str(tmp_path / "out"), checkpoint_dir=ckpt,

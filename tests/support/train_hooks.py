@@ -237,6 +237,61 @@ class UnwrittenMetricAt:
 KILL_POINTS = ("before the first step", "mid-epoch", "during the allreduce",
                "during rank 0's checkpoint write", "during validation")
 
+# Armed by KillPlan's callback, read by KillGate's gradient in the same worker
+# process: "<epoch> <marker path>" (an environment variable, because the
+# callback and the model builder reach the worker as separate pickles).
+_KILL_IN_STEP = "DIST_DL_TEST_KILL_IN_STEP"
+
+
+def _kill_self(marker: str, landed: str) -> None:
+    """Write where the kill landed to ``marker``, then SIGKILL this process."""
+    with open(marker, "w") as f:
+        f.write(landed)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def gated_cnn(input_shape, classes):
+    """plain_cnn with a KillGate after its first convolution: the gate's
+    gradient runs inside the compiled training step, after the later layers'
+    gradients (whose allreduces are then under way) and before the first
+    convolution's, so a kill there lands in the middle of the step's
+    collectives whatever the machine's pace."""
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+
+    class KillGate(layers.Layer):
+        """The identity; its gradient kills this process while armed (see
+        _KILL_IN_STEP): from inside the step, so it cannot miss the step."""
+
+        def call(self, x):
+            @tf.custom_gradient
+            def gate(value):
+                def grad(upstream):
+                    out = tf.py_function(_gate_gradient, [upstream], upstream.dtype)
+                    out.set_shape(upstream.shape)
+                    return out
+                return tf.identity(value), grad
+            return gate(x)
+
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        layers.Conv2D(8, 3, activation="relu"),
+        KillGate(name="kill_gate"),
+        layers.MaxPooling2D(),
+        layers.Conv2D(16, 3, activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(classes),
+    ], name="gated_cnn")
+
+
+def _gate_gradient(upstream):
+    armed = os.environ.pop(_KILL_IN_STEP, None)
+    if armed:
+        _, marker = armed.split(" ", 1)
+        _kill_self(marker, "inside the training step, in the gradients' pass")
+    return upstream
+
 
 class KillPlan:
     """Callback factory: in epoch ``e`` of ``plan`` ({e: (point, rank)}), the
@@ -244,25 +299,29 @@ class KillPlan:
     marker ``<path>.<e>`` says where the kill landed). Every worker appends
     ``<pid> <rank> <epoch>`` to ``path`` when an epoch begins, as EpochLog.
 
-    The points: before the epoch's first step (once a worker of another rank
-    has begun the epoch too); after its second step; inside
-    its second or third step (a thread of the worker's own waits until the
-    thread that runs ``fit`` is inside the compiled step - forward, backward
-    and the gradients' allreduce - then a random part of the shortest step so
-    far, and kills if that step still runs, else tries the next one);
-    inside rank 0's ``CheckpointManager.save`` once the checkpoint's temporary
-    folder exists; inside the exact validation pass at the epoch's end. The
-    threads watch the training thread's Python stack: nothing of the library
-    is patched. Needs at least 3 steps per epoch."""
+    Each kill is made by the worker's own code at the point, so it lands
+    whatever the machine's pace (nothing samples the worker in time):
+
+    - before the epoch's first step, once a worker of another rank has begun
+      the epoch too (it then waits in the first step's allreduce);
+    - after the epoch's second step;
+    - inside the second step, during its allreduces: the model must be
+      ``gated_cnn``, whose KillGate kills from its gradient once armed;
+    - inside rank 0's checkpoint write, when the state's files are written
+      into the temporary folder and the manifest is not (a profile hook on
+      the training thread sees ``write_state`` return);
+    - inside the exact validation pass at the epoch's end, as its second
+      step is called (the same profile hook).
+
+    Nothing of the library is patched. Needs at least 3 steps per epoch and
+    3 validation steps per rank."""
 
     def __init__(self, path: str, plan: dict, checkpoint_dir: str):
         assert all(point in KILL_POINTS for point, _ in plan.values()), plan
         self.path, self.plan, self.checkpoint_dir = path, dict(plan), checkpoint_dir
 
     def __call__(self):
-        import random
         import sys
-        import threading
         import time
 
         import tensorflow as tf
@@ -271,11 +330,6 @@ class KillPlan:
 
         spec = self
         saving = os.path.join("dist_dl", "train", "checkpoint.py")
-
-        def kill(epoch, landed):
-            with open(f"{spec.path}.{epoch}", "w") as f:
-                f.write(landed)
-            os.kill(os.getpid(), signal.SIGKILL)
 
         def others_begun(epoch, seconds=60.0):
             # Until a live worker of another rank has begun this epoch too (it
@@ -290,68 +344,64 @@ class KillPlan:
                             return
                 time.sleep(0.01)
 
-        def stack(thread):
-            frame, found = sys._current_frames().get(thread), []
-            while frame is not None:
-                found.append((frame.f_code.co_filename, frame.f_code.co_qualname))
-                frame = frame.f_back
-            return found
-
-        def in_step(hook, epoch):
-            # A training batch of that epoch is under way, in its compiled step.
-            return hook.in_batch and hook.epoch == epoch and any(
-                "polymorphic_function" in name for name, _ in stack(hook.thread))
-
-        def watch(hook, epoch, point):
-            while True:
-                if point == "during the allreduce" and in_step(hook, epoch):
-                    time.sleep(random.uniform(0.0, 0.8) * hook.shortest_step)
-                    if in_step(hook, epoch):
-                        kill(epoch, "inside the training step")
-                elif point == "during rank 0's checkpoint write" and any(
-                        name.endswith(saving) and qual == "CheckpointManager.save"
-                        for name, qual in stack(hook.thread)):
+        def checkpoint_written(marker):
+            # Profile hook of the training thread: fires as write_state returns
+            # inside CheckpointManager.save (the temporary folder holds the
+            # state, not yet the manifest).
+            def hook(frame, event, arg):
+                if (event == "return" and frame.f_code.co_name == "write_state"
+                        and frame.f_code.co_filename.endswith(saving)):
                     partial = [n for n in os.listdir(spec.checkpoint_dir)
                                if n.startswith(".tmp-ckpt-")]
-                    if partial:
-                        kill(epoch, f"inside CheckpointManager.save, {partial[0]} being written")
-                elif point == "during validation" and any(
-                        "DistributedValidation" in qual for _, qual in stack(hook.thread)):
-                    kill(epoch, "inside the validation pass")
-                time.sleep(0.0005)
+                    _kill_self(marker, "inside CheckpointManager.save, "
+                                       f"{partial[0] if partial else 'no temporary folder'}"
+                                       " being written")
+            return hook
+
+        def validating(marker):
+            # Profile hook of the training thread: once the validation pass
+            # (DistributedValidation.on_epoch_end) has begun, fires as it calls
+            # its compiled step (a tf.function) the second time.
+            state = {"begun": False, "steps": 0}
+
+            def hook(frame, event, arg):
+                if event != "call":
+                    return
+                code = frame.f_code
+                if code.co_qualname.endswith("DistributedValidation.on_epoch_end"):
+                    state["begun"] = True
+                elif (state["begun"] and code.co_name == "__call__"
+                      and "polymorphic_function" in code.co_filename):
+                    state["steps"] += 1
+                    if state["steps"] == 2:
+                        _kill_self(marker, "inside the validation pass, at its second step")
+            return hook
 
         class Hook(tf.keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.thread, self.epoch, self.in_batch = None, None, False
-                self.shortest_step = float("inf")
-
             def on_epoch_begin(self, epoch, logs=None):
-                self.thread, self.epoch = threading.get_ident(), epoch
+                self.epoch = epoch
                 log_epoch_begun(spec.path, process_rank(), epoch)
                 point, rank = spec.plan.get(epoch, (None, None))
+                self._marker = f"{spec.path}.{epoch}"
                 self._point = point if (rank == process_rank() and not
-                                        os.path.exists(f"{spec.path}.{epoch}")) else None
-                if self._point in ("during rank 0's checkpoint write", "during validation"):
-                    self._watch()
-
-            def _watch(self):
-                threading.Thread(target=watch, args=(self, self.epoch, self._point),
-                                 daemon=True).start()
+                                        os.path.exists(self._marker)) else None
+                if self._point == "during rank 0's checkpoint write":
+                    sys.setprofile(checkpoint_written(self._marker))
+                elif self._point == "during validation":
+                    sys.setprofile(validating(self._marker))
+                else:
+                    sys.setprofile(None)
 
             def on_train_batch_begin(self, batch, logs=None):
                 if self._point == "before the first step" and batch == 0:
                     others_begun(self.epoch)
-                    kill(self.epoch, "before the epoch's first step")
+                    _kill_self(self._marker, "before the epoch's first step")
                 if self._point == "during the allreduce" and batch == 1:
-                    self._watch()
-                self._began, self.in_batch = time.monotonic(), True
+                    os.environ[_KILL_IN_STEP] = f"{self.epoch} {self._marker}"
 
             def on_train_batch_end(self, batch, logs=None):
-                self.in_batch = False
-                self.shortest_step = min(self.shortest_step, time.monotonic() - self._began)
                 if self._point == "mid-epoch" and batch == 1:
-                    kill(self.epoch, "after the epoch's second step")
+                    _kill_self(self._marker, "after the epoch's second step")
 
         return [Hook()]
 
