@@ -97,6 +97,15 @@ def gone_within(patterns, seconds=10.0):
         if not left:
             return round(elapsed, 1), []
         time.sleep(0.25)
+
+def hold_at(epoch, marker):
+    """The tests' train_hooks.HoldAt(epoch, marker) (the workers wait at that
+    epoch's start until the marker exists), shipped to the workers by value."""
+    if SUPPORT not in sys.path:
+        sys.path.insert(0, SUPPORT)
+    import cloudpickle, train_hooks
+    cloudpickle.register_pickle_by_value(train_hooks)
+    return train_hooks.HoldAt(epoch, marker)
 '''
 
 # Horovod's worker processes on Spark tasks (dist_dl's entry, and Horovod's
@@ -127,12 +136,13 @@ def run_program(request, where: str, code: str, timeout: float = 600,
     if where == "hosts":
         cluster = request.getfixturevalue("hosts")
         names = _hosts_by_ns(cluster)
-        return cluster.run_driver(f"HOSTS_BY_NS = {names!r}\nRUN_MARK = ''\n" + _PRELUDE + code,
+        return cluster.run_driver(f"HOSTS_BY_NS = {names!r}\nRUN_MARK = ''\n"
+                                  f"SUPPORT = {SUPPORT!r}\n" + _PRELUDE + code,
                                   timeout=timeout, env=env)
     tmp = request.getfixturevalue("tmp_path")
     mark = uuid.uuid4().hex
     script = (f"MASTER = 'local[2]'\nSHARED = {str(tmp)!r}\nHOSTS_BY_NS = {{}}\n"
-              f"RUN_MARK = 'DIST_DL_RELIABILITY_RUN={mark}'\n"
+              f"RUN_MARK = 'DIST_DL_RELIABILITY_RUN={mark}'\nSUPPORT = {SUPPORT!r}\n"
               + hosts_module._READY + _PRELUDE + code)
     proc_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc_env.update(env or {}, DIST_DL_RELIABILITY_RUN=mark)
@@ -970,7 +980,8 @@ try:
     train_distributed(frame, model="small_cnn", image_size=16, image_col="content",
                       label_col="digit", num_workers=2, backend="spark", epochs=EPOCHS,
                       batch_size=32, augment=False, eval_crop_fraction=1.0, max_retries=2,
-                      timeout=TIMEOUT, output_dir=out_dir, tracking_uri=mlruns)
+                      timeout=TIMEOUT, output_dir=out_dir, tracking_uri=mlruns,
+                      callbacks=hold_at(1, HOLD))
     error = None
 except BaseException as exc:
     error = f"{type(exc).__name__}: {exc}"[:3000]
@@ -991,23 +1002,31 @@ def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finis
 
     cluster = request.getfixturevalue("hosts")
     # Gloo's collective timeout is 30 s: a cut of 50 s outlasts it by 20.
-    down_for, timeout, epochs = 50.0, 150.0, 4
+    down_for, timeout, epochs = 50.0, 150.0, 2
     s = scenario("F2 hosts", "worker host cut off the network",
                  f"train_distributed(df, num_workers=2, epochs={epochs}, timeout={timeout:g}, "
                  f"max_retries=2) on the cluster; once its first checkpoint is published, "
                  f"worker2's interface is taken down in its namespace for {down_for:g} s, "
-                 f"then brought back",
+                 f"then brought back; the workers wait at the second epoch's start (a "
+                 f"callback of the test's) until the interface is down, so the cut lands "
+                 f"inside the training whatever the machine's pace",
                  "the attempt fails within its timeout with an error naming the rank and "
                  "the host cut off; the retry finishes the run from the last checkpoint; "
                  "no hang")
     root = os.path.join(str(cluster.shared), "f2")
     shutil.rmtree(root, ignore_errors=True)
+    hold = os.path.join(str(cluster.shared), f"f2-hold-{uuid.uuid4().hex}")
     driver, outcome = _program_in_thread(
-        request, f"EPOCHS = {epochs}\nTIMEOUT = {timeout!r}\n" + _TRAINING_THROUGH_A_CUT, 800)
+        request, f"EPOCHS = {epochs}\nTIMEOUT = {timeout!r}\nHOLD = {hold!r}\n"
+        + _TRAINING_THROUGH_A_CUT, 800)
     _wait_until(lambda: glob.glob(os.path.join(root, "out", "checkpoints", "*", "ckpt-*")),
                 driver, outcome, 400, "training published no checkpoint")
-    time.sleep(1.0)   # into the next epoch
-    cut, _ = _cut_off(cluster, "worker2", lambda: time.sleep(down_for))
+
+    def down():
+        open(hold, "w").close()   # the workers go on, into the cut
+        time.sleep(down_for)
+
+    cut, _ = _cut_off(cluster, "worker2", down)
     out = _result(driver, outcome, 780)
     assert out["error"] is None, out["error"]
     assert out["status"] == "FINISHED", out
@@ -1029,12 +1048,16 @@ def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finis
 # ------------------------------------------------------------ F5
 
 _RESTARTABLE_TRAINING = '''
-import json, os, time
+import json, os, sys, time
 from mlflow.tracking import MlflowClient
 from pyspark.sql import functions as F
 from dist_dl import train_distributed
 from dist_dl.prepare import write_digits_tree
 from dist_dl.core.session import get_spark
+
+sys.path.insert(0, SUPPORT)
+import cloudpickle, train_hooks
+cloudpickle.register_pickle_by_value(train_hooks)
 
 spark = ready(get_spark(MASTER))
 root = os.path.join(SHARED, "f5")
@@ -1050,7 +1073,8 @@ result = train_distributed(frame, model="small_cnn", image_size=16, image_col="c
                            label_col="digit", num_workers=2, backend="spark", epochs=EPOCHS,
                            batch_size=32, augment=False, eval_crop_fraction=1.0,
                            output_dir=os.path.join(root, "out"),
-                           checkpoint_dir=os.path.join(root, "checkpoints"), tracking_uri=mlruns)
+                           checkpoint_dir=os.path.join(root, "checkpoints"), tracking_uri=mlruns,
+                           callbacks=train_hooks.HoldAt(2, HOLD))
 run = MlflowClient(mlruns).get_run(result.run_id)
 print(json.dumps({"status": run.info.status, "tags": {k: v for k, v in run.data.tags.items()
                                                        if k.startswith("dist_dl.")}}))
@@ -1065,20 +1089,21 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
     from dist_dl.train.checkpoint import CheckpointManager
 
     cluster = request.getfixturevalue("hosts")
-    # Killed one second after its second checkpoint: the epochs after it
-    # must outlast that second (an epoch of this model takes about one).
-    epochs = 8
+    epochs = 4
     s = scenario("F5 hosts", "driver killed and started again",
                  f"train_distributed(df, num_workers=2, epochs={epochs}, checkpoint_dir in the "
-                 "shared folder) on the cluster; the driver process gets SIGKILL one second "
-                 "after its second checkpoint is published; the same program is started "
-                 "again on the same host",
+                 "shared folder) on the cluster; the driver process gets SIGKILL once its "
+                 "second checkpoint is published, while the workers wait at the third "
+                 "epoch's start (a callback of the test's, so the kill lands inside the "
+                 "training whatever the machine's pace); the same program is started again "
+                 "on the same host",
                  "no worker of the killed driver is left on any host (within 30 s); the new "
                  "run starts from the last complete checkpoint's epoch and finishes")
     root = os.path.join(str(cluster.shared), "f5")
     shutil.rmtree(root, ignore_errors=True)
     watch = _cluster_watch(cluster)
-    code = f"EPOCHS = {epochs}\n" + _RESTARTABLE_TRAINING
+    hold = os.path.join(str(cluster.shared), f"f5-hold-{uuid.uuid4().hex}")
+    code = f"EPOCHS = {epochs}\nSUPPORT = {SUPPORT!r}\nHOLD = {hold!r}\n" + _RESTARTABLE_TRAINING
     log = cluster.logs / "f5-first-driver.log"
     first = cluster.hosts["driver"].popen(
         [sys.executable, "-c", cluster.driver_script(code, timeout=700)],
@@ -1090,7 +1115,6 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
             assert first.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.time() < deadline, "no second checkpoint in 400 s"
             time.sleep(0.2)
-        time.sleep(1.0)
         assert watch["job_processes"](_HOROVOD), "no worker process of the job was seen running"
         first.send_signal(signal.SIGKILL)
         killed = time.time()
@@ -1103,7 +1127,8 @@ def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, sce
     gone_after = time.time() - killed
     s.figure(f"every worker of the killed driver gone {gone_after:.1f} s after the kill")
     latest = CheckpointManager(checkpoints).latest()
-    assert latest is not None and latest.epoch < epochs, latest
+    assert latest is not None and latest.epoch == 2, latest
+    open(hold, "w").close()   # the new driver's workers do not wait
 
     out = cluster.run_driver(code, timeout=700)
     assert out["status"] == "FINISHED", out

@@ -233,6 +233,34 @@ class UnwrittenMetricAt:
         return [Hook()]
 
 
+class HoldAt:
+    """Callback factory: every worker waits, when epoch ``epoch`` (0-based)
+    begins, until the file ``marker`` exists (at most ``seconds``; then it
+    goes on). A test injects its fault (a host cut off, the driver killed)
+    while the workers wait, then writes ``marker``: the fault lands inside
+    the training at that point whatever the machine's pace, and an attempt
+    begun after the marker exists does not wait."""
+
+    def __init__(self, epoch: int, marker: str, seconds: float = 300.0):
+        self.epoch, self.marker, self.seconds = epoch, marker, seconds
+
+    def __call__(self):
+        import time
+
+        import tensorflow as tf
+
+        spec = self
+
+        class Hook(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                deadline = time.monotonic() + spec.seconds
+                while (epoch == spec.epoch and not os.path.exists(spec.marker)
+                       and time.monotonic() < deadline):
+                    time.sleep(0.05)
+
+        return [Hook()]
+
+
 # Where KillPlan can kill a worker (the reliability issue's five points).
 KILL_POINTS = ("before the first step", "mid-epoch", "during the allreduce",
                "during rank 0's checkpoint write", "during validation")
