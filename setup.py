@@ -13,7 +13,10 @@ pip-installed tensorflow-cpu would shadow them. Locally, `make` installs them.
 """
 from setuptools import find_packages, setup
 
-DOCS = ["mkdocs>=1.6,<2", "mkdocstrings[python]>=1.0,<2", "mkdocstrings-python>=2.0,<3"]
+# The site: MkDocs, mkdocstrings, code highlighted at build time (pymdown-extensions
+# with Pygments); its pages are checked in Chromium over websocket-client.
+DOCS = ["mkdocs>=1.6,<2", "mkdocstrings[python]>=1.0,<2", "mkdocstrings-python>=2.0,<3",
+        "pymdown-extensions>=10.0", "Pygments>=2.16", "websocket-client>=1.6"]
 
 setup(
     name="dist_dl",

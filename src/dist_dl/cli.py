@@ -1,5 +1,5 @@
 """The ``dist-dl`` command: the console script's entry point and
-``python -m dist_dl.cli``. The commands are in :mod:`dist_dl.app.cli`."""
+``python -m dist_dl.cli``. The commands are in `dist_dl.app.cli`."""
 import sys
 
 from dist_dl.app.cli import main

@@ -182,3 +182,42 @@ def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_sig
     assert resumed.initial_epoch == 1
     s.figure("refused naming the checkpoint, run FAILED; the next run resumed after epoch 1 "
              "from the signed checkpoint")
+
+
+@pytest.mark.timeout(240)
+def test_a_repaired_run_on_a_new_driver_resumes_with_the_key_from_the_environment(
+        tmp_path, monkeypatch):
+    """A repaired job run, or a retried task, starts on a new job cluster: a
+    new driver whose home folder is empty. Without DIST_DL_CHECKPOINT_KEY it
+    makes a new key there and refuses the checkpoints of the run before; with
+    the key from the environment (a secret scope in jobs/*.json) it resumes."""
+    from dist_dl import train_distributed
+    from dist_dl.prepare import make_synthetic_images
+    from dist_dl.train.checkpoint import UntrustedCheckpoint
+
+    shards = str(tmp_path / "shards")
+    make_synthetic_images(shards, rows=8, image_size=16, classes=2, rows_per_row_group=4)
+    common = dict(model=train_hooks.plain_cnn, num_workers=1, batch_size=4, image_size=16,
+                  validation_fraction=0.0, backend="local", checkpoint_dir=str(tmp_path / "ckpt"),
+                  tracking_uri=(tmp_path / "mlruns").as_uri(), output_dir=str(tmp_path / "out"))
+
+    def new_driver(home: str) -> None:
+        (tmp_path / home).mkdir()
+        monkeypatch.setenv("HOME", str(tmp_path / home))
+
+    key = os.urandom(16).hex()
+    monkeypatch.setenv(KEY_ENV, key)
+    new_driver("home-1")
+    train_distributed(shards, epochs=1, **common)
+    # The repaired run's cluster without the variable: refused before any worker starts.
+    monkeypatch.delenv(KEY_ENV)
+    new_driver("home-2")
+    with pytest.raises(UntrustedCheckpoint, match=f"signed with another key .*set {KEY_ENV}"):
+        train_distributed(shards, epochs=2, **common)
+    assert (tmp_path / "home-2" / ".config" / "dist_dl" / "checkpoint.key").is_file()
+    # With it (as the shipped jobs set it from the secret scope): resumed after epoch 1.
+    monkeypatch.setenv(KEY_ENV, key)
+    new_driver("home-3")
+    resumed = train_distributed(shards, epochs=2, **common)
+    assert resumed.initial_epoch == 1 and len(resumed.history["loss"]) == 1
+    assert not (tmp_path / "home-3" / ".config").exists()

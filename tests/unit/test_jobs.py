@@ -150,6 +150,22 @@ def test_secrets_are_scope_references_in_cluster_environment_only():
                for k, v in gpu["new_cluster"]["spark_conf"].items())
 
 
+def test_training_clusters_have_a_fixed_size_and_no_photon():
+    """docs/limits.md: a barrier stage needs all its workers from the start
+    (no autoscaling), and training runs in Python, not Photon."""
+    for path in JOB_FILES:
+        job = json.loads(path.read_text())
+        training = {t.get("job_cluster_key") for t in job["tasks"]
+                    if (t.get("python_wheel_task") or {}).get("parameters", [""])[0]
+                    in ("train", "bench", "search", "pipeline")}
+        for entry in job["job_clusters"]:
+            cluster = entry["new_cluster"]
+            if entry["job_cluster_key"] in training:
+                assert "autoscale" not in cluster and cluster["num_workers"] > 0, path.name
+            if "-gpu-" in cluster["spark_version"]:
+                assert cluster.get("runtime_engine") == "STANDARD", path.name
+
+
 def small_job() -> dict:
     wheel_task = {"package_name": "dist_dl", "entry_point": "dist-dl"}
     return {
@@ -301,6 +317,13 @@ MISTAKES = [
     ("cpu-driver-on-gpu-runtime", lambda j: _cluster(j).__setitem__(
         "driver_node_type_id", "m5d.2xlarge"),
      None, "new_cluster.driver_node_type_id", "not a GPU instance type"),
+    ("checkpoint-dir-without-key", lambda j: _train_args(j).extend(
+        ["--set", "train.checkpoint_dir=/Volumes/main/runs/ckpt/{{job.run_id}}"]),
+     None, "spark_env_vars.DIST_DL_CHECKPOINT_KEY", "repaired run, on a new cluster with a new key"),
+    ("checkpoint-key-literal", lambda j: (
+        _train_args(j).extend(["--set", "train.checkpoint_dir=/Volumes/main/runs/ckpt"]),
+        _cluster(j)["spark_env_vars"].__setitem__("DIST_DL_CHECKPOINT_KEY", "a-literal-key-1234")),
+     None, "spark_env_vars.DIST_DL_CHECKPOINT_KEY", "a secret reference such as"),
     ("unused-job-cluster", lambda j: j["job_clusters"].append(
         {"job_cluster_key": "spare", "new_cluster": copy.deepcopy(_cluster(j))}),
      None, "job_clusters[spare]", "no task uses it"),
@@ -318,6 +341,20 @@ def test_validation_catches(change, task, field, message):
     assert all(p.file == "bad.json" for p in problems)
     text = str(matching[0])
     assert text.startswith("bad.json: ") and (task is None or f"task {task!r}" in text)
+
+
+def test_a_task_resuming_from_a_checkpoint_dir_takes_the_key_from_a_secret_scope():
+    job = small_job()
+    _train_args(job).extend(["--set", "train.checkpoint_dir=/Volumes/main/runs/{{job.run_id}}"])
+    _cluster(job)["spark_env_vars"]["DIST_DL_CHECKPOINT_KEY"] = "{{secrets/dist_dl/checkpoint-key}}"
+    assert validate(job) == []
+    # Every shipped job that trains into a checkpoint_dir resumes on a new cluster.
+    resuming = [p for p in JOB_FILES if "train.checkpoint_dir=" in p.read_text()]
+    assert len(resuming) >= 8, [p.name for p in resuming]
+    for path in resuming:
+        clusters = json.loads(path.read_text())["job_clusters"]
+        assert any(c["new_cluster"].get("spark_env_vars", {}).get("DIST_DL_CHECKPOINT_KEY")
+                   == "{{secrets/dist_dl/checkpoint-key}}" for c in clusters), path.name
 
 
 def _on_runtime(job: dict, runtime: str, *train_args: str) -> dict:

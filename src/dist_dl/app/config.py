@@ -127,7 +127,7 @@ class BenchConfig:
             ``horovod.spark.run`` on the same Spark (``dist / peer``).
         reader_check: Also time one worker's reader alone on the same shards
             (is training input-bound?), and say how many CPU cores each
-            device needs to feed it (:func:`~dist_dl.app.bench.cores_per_device`).
+            device needs to feed it (`cores_per_device()`).
         device_images_per_second: The training rate of one device to size the
             input for (e.g. one GPU's images/s for this model); default: the
             rate per worker measured here.

@@ -1,17 +1,17 @@
-"""The steps of a job, each from one :class:`~dist_dl.app.config.PipelineConfig`.
+"""The steps of a job, each from one `PipelineConfig`.
 
 Driver side. The command line (``dist-dl <step> --config ...``), the job
 definitions in ``jobs/`` and the notebooks all call these functions, so a
 step behaves the same wherever it runs:
 
-- :func:`prepare_data`: the ``data`` section's source to shards in
+- `prepare_data()`: the ``data`` section's source to shards in
   ``<data.output>/train`` and ``<data.output>/validation``;
-- :func:`train`: ``train_distributed`` on those shards, logged per ``tracking``;
-- :func:`evaluate`: the registered model's accuracy on the validation
+- `train()`: ``train_distributed`` on those shards, logged per ``tracking``;
+- `evaluate()`: the registered model's accuracy on the validation
   shards (scored on the executors); promote it (registry alias) if it passes;
-- :func:`score`: batch scoring with the promoted model;
-- :func:`bench`, :func:`ensemble`, :func:`search`: the other jobs;
-- :func:`run_pipeline`: prepare, train, evaluate, score in one go (``make demo``).
+- `score()`: batch scoring with the promoted model;
+- `bench()`, `ensemble()`, `search()`: the other jobs;
+- `run_pipeline()`: prepare, train, evaluate, score in one go (``make demo``).
 """
 from __future__ import annotations
 
@@ -452,7 +452,7 @@ def registered_or_trained(config: PipelineConfig, *, train_if_missing: bool = Fa
 
     ``score.model_uri`` when set; else the newest version of
     ``tracking.registered_model_name``. A registered model with no version
-    yet is trained (:func:`train`, which registers it) when
+    yet is trained (`train()`, which registers it) when
     ``train_if_missing``, and is an error otherwise: on a cluster a missing
     model should not start a long training from a scoring notebook.
 

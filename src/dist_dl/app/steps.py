@@ -1,9 +1,9 @@
 """The steps of a job as ``dist-dl`` commands: their names, the function of
-:mod:`dist_dl.app.pipeline` each runs, and their options.
+`dist_dl.app.pipeline` each runs, and their options.
 
-Below both the command line (:mod:`dist_dl.app.cli`) and job validation
-(:mod:`dist_dl.app.databricks.jobs`), which parses a job task's parameters with
-:func:`step_parser` exactly as the console script would: neither imports the
+Below both the command line (`dist_dl.app.cli`) and job validation
+(`dist_dl.app.databricks.jobs`), which parses a job task's parameters with
+`step_parser()` exactly as the console script would: neither imports the
 other.
 """
 from __future__ import annotations

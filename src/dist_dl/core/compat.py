@@ -140,10 +140,10 @@ def worker_env() -> dict[str, str]:
 
 def use_worker_env() -> None:
     """In a Spark task that runs user code (an ensemble member's factory, a
-    search trial): :func:`worker_env`'s variables, unless set, so that the
+    search trial): `worker_env()`'s variables, unless set, so that the
     task's first ``tf.keras`` is Keras 2 as in the library's training workers
     (Keras 3 models do not pickle, and Horovod needs Keras 2), and
-    :func:`keras_worker_fixes`. Best effort: a reused Python worker whose
+    `keras_worker_fixes()`. Best effort: a reused Python worker whose
     ``tf.keras`` was already used keeps it."""
     for name, value in worker_env().items():
         os.environ.setdefault(name, value)
@@ -159,7 +159,7 @@ def native_keras3() -> bool:
 def keras():
     """The Keras module the library works with: ``tf.keras`` where it is
     Keras 2, ``tf_keras`` where Keras 3 is the default, and the ``keras``
-    package (Keras 3) in a process that asked for it (:func:`native_keras3`)."""
+    package (Keras 3) in a process that asked for it (`native_keras3()`)."""
     if native_keras3():
         return importlib.import_module("keras")
     if keras3_default():
@@ -217,7 +217,7 @@ def saved_keras_major(path: str | os.PathLike) -> int:
 
 def load_keras_file(path: str | os.PathLike, **kwargs):
     """``load_model`` of the Keras that wrote ``path``: the ``keras`` package
-    for a Keras 3 file, else :func:`keras` (tf-keras where Keras 3 is the
+    for a Keras 3 file, else `keras()` (tf-keras where Keras 3 is the
     default)."""
     if saved_keras_major(path) >= 3:
         if not keras3_default():
@@ -231,7 +231,7 @@ def load_keras_file(path: str | os.PathLike, **kwargs):
 
 
 def not_a_library_keras_model(model) -> str:
-    """Why ``model`` is not a model of :func:`keras` (for the error), and what
+    """Why ``model`` is not a model of `keras()` (for the error), and what
     to do: where Keras 3 is TensorFlow's default, a model built with
     ``tf.keras`` or ``keras`` in a process without ``TF_USE_LEGACY_KERAS=1``
     is a Keras 3 model, which the library's Keras 2 cannot save or load."""

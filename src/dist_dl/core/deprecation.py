@@ -3,16 +3,16 @@ release with a warning.
 
 One helper for every rename, so each reads the same way:
 
-- :func:`renamed_parameters` decorates a function, or a class (its
+- `renamed_parameters()` decorates a function, or a class (its
   ``__init__``; a configuration dataclass too): a call with an old keyword
   warns (``FutureWarning``, shown by default, naming the new name) and
   passes the value under the new name; a call with both is a ``TypeError``
   naming both.
-- :class:`renamed_attribute` keeps a renamed attribute of a result (a
+- `renamed_attribute` keeps a renamed attribute of a result (a
   dataclass field) readable under its old name: reading it warns.
-- :func:`rename_keys` does the same for a mapping of configuration keys (a
+- `rename_keys()` does the same for a mapping of configuration keys (a
   YAML section, ``--set`` overrides), with the old names the dataclass was
-  decorated with (:func:`renames_of`); there both names together are a
+  decorated with (`renames_of()`); there both names together are a
   ``ValueError``, as every other bad key of a configuration.
 
 Plain Python, no imports from the library: every stage may use it.
@@ -37,7 +37,7 @@ def renamed_parameters(renames: Mapping[str, str]) -> Callable[[F], F]:
     release: warn, naming the new name, and pass the value under it.
 
     Works on a function or a class (its ``__init__`` is wrapped; the old
-    names are kept on the class for :func:`rename_keys`). The signature shown
+    names are kept on the class for `rename_keys()`). The signature shown
     by ``inspect.signature`` and ``help`` is the new one.
     """
     renames = dict(renames)

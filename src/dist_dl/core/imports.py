@@ -8,7 +8,7 @@ parameters (a tf.distribute training, an ensemble), the second thread waits
 for ``pyspark.ml.param`` alone and then reads ``pyspark.ml`` off the
 half-imported package: "cannot access submodule 'ml' of module 'pyspark'
 (most likely due to a circular import)". So every driver path of this
-library that logs to MLflow calls :func:`spark_ml_imported` first: importing
+library that logs to MLflow calls `spark_ml_imported()` first: importing
 the package itself waits for whichever thread is importing it, until it is
 whole.
 """

@@ -11,10 +11,10 @@ training checkpoints (restored by every attempt and by a resumed run). So:
   with its path (through Spark's result, not the folder); the driver keeps
   the digests in memory and hands them to the tasks that read the members
   (in the task's closure). A file whose bytes do not match is never
-  unpickled (:func:`read_verified`).
+  unpickled (`read_verified()`).
 - checkpoints: the writer (Horovod rank 0) records each file's SHA-256 in a
   manifest and signs the manifest with an HMAC whose key is kept out of the
-  shared folder (:func:`checkpoint_key`); readers refuse a manifest whose
+  shared folder (`checkpoint_key()`); readers refuse a manifest whose
   signature does not verify (see ``dist_dl.train.checkpoint``).
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _check(path, what: str, expected: str, found: str) -> None:
 
 
 def verify_file(path: str | os.PathLike, expected: str, what: str = "file") -> None:
-    """Raise :class:`IntegrityError` (naming the file, the expected and the
+    """Raise `IntegrityError` (naming the file, the expected and the
     found digest) unless the SHA-256 of ``path`` is ``expected``."""
     _check(path, what, expected, sha256_file(path))
 

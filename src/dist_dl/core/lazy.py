@@ -1,7 +1,7 @@
 """Names imported on first use: a package's public API, and Keras subclasses.
 
 A package's ``__init__`` lists its public names and the module each comes
-from, and :func:`lazy_exports` makes its ``__getattr__`` and ``__dir__``
+from, and `lazy_exports()` makes its ``__getattr__`` and ``__dir__``
 (PEP 562): ``import dist_dl.read.arrow`` in a worker then loads the modules
 ``arrow`` imports and no others, while ``from dist_dl import HorovodRunner``
 imports the launcher when it is asked for.

@@ -4,7 +4,7 @@ Some steps need a package that not every install has: scikit-learn for the
 bundled sample datasets (the ``samples`` extra), deltalake for Delta tables
 (the ``delta`` extra). A Databricks runtime ships its own set, and a wheel
 installed with ``--no-deps`` has none of its requirements. So such packages
-are imported when a step needs them, through :func:`require`, whose error
+are imported when a step needs them, through `require()`, whose error
 names the pip extra (or requirement) that provides the package.
 """
 from __future__ import annotations

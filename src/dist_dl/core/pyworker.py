@@ -16,7 +16,7 @@ imported (pandas, pyarrow, scikit-learn, TensorFlow...), not with the task:
 
 Together they cost a few tenths of a second per task on Python 3.11 and
 PySpark 3.5 (figures in benchmarks/RESULTS.md, scoring and ensemble rows).
-:func:`prepare_python_worker` removes both for the later tasks of its worker.
+`prepare_python_worker()` removes both for the later tasks of its worker.
 """
 from __future__ import annotations
 

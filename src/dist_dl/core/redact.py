@@ -2,7 +2,7 @@
 
 Runs anywhere (driver, Spark tasks, workers); imports only the standard
 library. Every stage that stores text it did not write (a worker's error, a
-trial's failure) passes it through :func:`redact_secrets` first.
+trial's failure) passes it through `redact_secrets()` first.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _known: set[str] = set()
 
 
 def remember_secret(*values: str) -> None:
-    """Redact ``values`` from everything :func:`redact_secrets` sees in this process."""
+    """Redact ``values`` from everything `redact_secrets()` sees in this process."""
     _known.update(v for v in values if v)
 
 
@@ -50,8 +50,8 @@ def redact_secrets(text: str) -> str:
     """``text`` as it may be stored (MLflow tags and artifacts, logs): with
     every secret this process knows replaced by ``[REDACTED]``.
 
-    Known here: values read with :func:`dist_dl.app.databricks.read_secret` or given to
-    :func:`dist_dl.app.databricks.use_sas_token` in this process, values of environment variables
+    Known here: values read with `dist_dl.app.databricks.read_secret()` or given to
+    `dist_dl.app.databricks.use_sas_token()` in this process, values of environment variables
     named like credentials (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
     ``*KEY*`` of access keys, ``DIST_DL_SECRET_*``, ...), and credentials
     recognisable in the text itself (``sig=``/``token=`` query parameters,

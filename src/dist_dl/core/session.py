@@ -215,9 +215,9 @@ def job_group(sc, group: str, description: str):
     error goes on. Either way the thread's job group and description are
     cleared at the end, so later jobs of the caller are not filed under it.
 
-    Off ``local[...]``, a :class:`~dist_dl.core.stall.StallWatch` turns jobs that
+    Off ``local[...]``, a `StallWatch` turns jobs that
     cannot run (no executor starts, executors keep dying) into
-    :class:`~dist_dl.core.stall.SparkStalled` after ``spark.dist_dl.stallTimeout``.
+    `SparkStalled` after ``spark.dist_dl.stallTimeout``.
     """
     from dist_dl.core.stall import SparkStalled, StallWatch
 

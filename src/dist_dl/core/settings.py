@@ -1,12 +1,12 @@
 """Settings checked by declaration.
 
-Each field of a configuration dataclass says once, with :func:`setting`, what
+Each field of a configuration dataclass says once, with `setting()`, what
 values it takes (its type comes from the annotation; bounds, choices and
 other tests from the declaration), and the class is decorated with
-:func:`checked` (below ``@dataclass``), which checks every field on
+`checked()` (below ``@dataclass``), which checks every field on
 construction, before the class's own ``__post_init__`` (left for rules that
 tie fields together).
-A field declared without :func:`setting` is an error when the class is
+A field declared without `setting()` is an error when the class is
 defined, so a new setting cannot go unchecked. Plain Python: runs on the
 driver, in Spark tasks and in workers.
 
@@ -50,7 +50,7 @@ def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
     """A dataclass field with its check declared.
 
     Args:
-        default, default_factory: As for :func:`dataclasses.field`.
+        default, default_factory: As for `dataclasses.field()`.
         low, high: Bounds of a number; inclusive unless ``low_open`` /
             ``high_open``.
         choices: The only values allowed.
@@ -73,7 +73,7 @@ def checked(prefix: str | None = None):
     field as a function argument (``name=value``).
 
     Raises:
-        TypeError: a field has no :func:`setting` declaration, or the
+        TypeError: a field has no `setting()` declaration, or the
             decorator sits above ``@dataclass``.
     """
     def decorate(cls):
@@ -101,7 +101,7 @@ def checked(prefix: str | None = None):
 
 
 def checked_classes() -> tuple[type, ...]:
-    """Every class decorated with :func:`checked` so far (for tests)."""
+    """Every class decorated with `checked()` so far (for tests)."""
     return tuple(_CHECKED)
 
 

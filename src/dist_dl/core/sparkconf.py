@@ -5,7 +5,7 @@ one Py4J round trip per entry (about 100; benchmarks/RESULTS.md counts the
 round trips per ``train_ensemble`` call). The context's own SparkConf
 (``sc._conf``, a view of the JVM's) answers one key in one call, and sees
 what the JVM sees. Every single-setting read of the library goes through
-:func:`conf_value`, so the private attribute is used in one place.
+`conf_value()`, so the private attribute is used in one place.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Driver side. When executors cannot start or keep dying (they cannot reach the
 driver's address, the worker's Python is broken, memory is short), Spark
 keeps asking the cluster manager for new ones and the job waits for ever with
-nothing on the screen. :class:`StallWatch` polls the job group's progress and
+nothing on the screen. `StallWatch` polls the job group's progress and
 the executors; when the group has had a job running, no task running or
 finished, and no executor alive (or executors lost) for ``timeout`` seconds,
 it cancels the group and records what Spark reported: the exit messages of
@@ -134,7 +134,7 @@ class StallWatch:
         group: The job group to watch.
         description: What the jobs do, for the message.
         timeout: Seconds without progress before the group is cancelled
-            (default: :func:`stall_timeout`).
+            (default: `stall_timeout()`).
         poll: Seconds between looks.
     """
 

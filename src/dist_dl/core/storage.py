@@ -4,7 +4,7 @@ Driver side. On a cluster only shared storage (DBFS, a Unity Catalog volume,
 cloud storage, a network mount) is the same folder on every host; a local
 path such as ``runs`` or ``/tmp/x`` names a different folder on each host, so
 shards, checkpoints or ensemble members written there are missing where the
-workers look. :func:`check_shared` finds that out with one small Spark task
+workers look. `check_shared()` finds that out with one small Spark task
 before any job of the library starts, and names the setting to change.
 """
 from __future__ import annotations

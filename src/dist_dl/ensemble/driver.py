@@ -82,7 +82,7 @@ class Ensemble:
         class_names: The labels the ensemble predicts, in the members' class
             order (``classes``, the old name, reads it with a warning for
             one release).
-        feature_cols, label_col, combine: As given to :func:`train_ensemble`.
+        feature_cols, label_col, combine: As given to `train_ensemble()`.
 
     The members are read from the logged model (``model_uri``) the first time
     ``members``, ``predict`` or ``transform`` needs them.

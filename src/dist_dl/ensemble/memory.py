@@ -2,7 +2,7 @@
 
 Checked on the driver before any member trains: the partitions are counted
 first, and the largest must fit in one Spark task's memory (see
-:func:`estimate_partition_memory` for the model of it, :func:`task_memory` for
+`estimate_partition_memory()` for the model of it, `task_memory()` for
 where the limit comes from). The hyperparameter search has its own estimate,
 per trial, in ``dist_dl.search.memory``.
 """

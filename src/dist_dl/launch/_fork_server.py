@@ -136,7 +136,7 @@ def _peer_uid(conn: socket.socket) -> int:
 
 def _watch(owner: int):
     """A file that becomes readable when process ``owner`` exits (a pidfd),
-    or None where the kernel has none (then :func:`_gone` is asked)."""
+    or None where the kernel has none (then `_gone()` is asked)."""
     try:
         return os.pidfd_open(owner)
     except (AttributeError, OSError):

@@ -1,7 +1,7 @@
 """Process entry of a Horovod worker in a Spark task, in place of Horovod's
 ``python -m horovod.spark.task.gloo_exec_fn DRIVER_ADDRESSES SETTINGS``
 (see ``dist_dl.launch.spark._workers_exit_without_final_collection``): the
-same ``main``, ended by :func:`dist_dl.launch._worker_main._exit`, after
+same ``main``, ended by `dist_dl.launch._worker_main._exit()`, after
 taking the task's ``sys.path`` (``dist_dl.launch.spark._wrap_horovod_tasks``).
 """
 import sys

@@ -72,7 +72,7 @@ def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
     Horovod's Spark runner; for ``engine="tensorflow"`` a barrier stage.
 
     Args:
-        engine: ``"horovod"``, ``"tensorflow"`` or ``"auto"`` (:func:`auto_engine`).
+        engine: ``"horovod"``, ``"tensorflow"`` or ``"auto"`` (`auto_engine()`).
     """
     if engine == "auto":
         engine = auto_engine()

@@ -1,7 +1,7 @@
 """Workers that meet at addresses they pick themselves, as processes on the
 driver or as the tasks of one Spark barrier stage: the part of the
 tf.distribute engine (``tfdist.py``) and the torch engine (``torchdist.py``)
-that does not depend on the engine. An :class:`Engine` says what differs: the
+that does not depend on the engine. An `Engine` says what differs: the
 environment that places each worker in its job (``TF_CONFIG``; torchrun's
 ``MASTER_ADDR``, ``RANK``, ...), and how many worker processes each place
 holds.
@@ -25,7 +25,7 @@ list of places. Each task runs its workers as child processes (one runtime
 per job: a reused PySpark worker process could not host a second one) and
 sends their output to a small TCP server on the driver (at
 ``spark.driver.host``, authenticated by a random token per job) that feeds
-the :class:`~dist_dl.launch.protocol.DriverSink`, so output arrives
+the `DriverSink`, so output arrives
 rank-prefixed and live, as with the other backends. The children get the
 task's ``sys.path`` (modules shipped with ``sc.addPyFile`` import in them)
 and its ``BarrierTaskContext`` (``BarrierTaskContext.get()``, ``barrier()``
@@ -165,7 +165,7 @@ class BarrierLocalBackend(LocalBackend):
 
     Args:
         engine: The engine.
-        grace: As :class:`~dist_dl.launch.local.LocalBackend`'s.
+        grace: As `LocalBackend`'s.
         worker_gpus: The GPU ids each place's workers see, all of them their
             own (an empty list: none, CPU training); None: the device plan's
             one GPU per worker where the host has GPUs.

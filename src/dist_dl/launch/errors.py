@@ -1,5 +1,5 @@
 """Errors a launch raises on the driver, and which one a failed job raises
-(:func:`failure_from`, used by every backend)."""
+(`failure_from()`, used by every backend)."""
 from __future__ import annotations
 
 import re

@@ -310,7 +310,7 @@ def _key(env: dict, preload: list[str]) -> tuple:
 
 
 def driver_switch() -> dict[str, str]:
-    """This process's setting of :data:`SWITCH`, if any, for the environment
+    """This process's setting of `SWITCH`, if any, for the environment
     of workers it starts elsewhere (Spark tasks): ``DIST_DL_FORK_WORKERS=0``
     on the driver reaches its jobs' workers on the executors too."""
     return {SWITCH: os.environ[SWITCH]} if SWITCH in os.environ else {}
@@ -351,7 +351,7 @@ def start(module: str, args: list[str], env: dict, engine: str,
     """Fork a worker that runs ``python -m module *args`` with ``env``;
     None where workers are not forked here (the caller starts a new
     interpreter). ``imported``: the frameworks the job's driver imported,
-    where it is not this process (see :func:`preload_for`)."""
+    where it is not this process (see `preload_for()`)."""
     if os.environ.get(SWITCH, "1") == "0" or env.get(SWITCH, "1") == "0":
         return None
     if any(env.get(name) for name in _GPU_VARS) or _gpus_visible(env):
@@ -416,7 +416,7 @@ def _address(owner: int, key: tuple) -> str:
 
 
 def _make_room() -> bool:
-    """Below :data:`MAX_SERVERS` servers, ending the least recently used idle
+    """Below `MAX_SERVERS` servers, ending the least recently used idle
     one if need be; False where every server has workers running."""
     if len(_servers) < MAX_SERVERS:
         return True

@@ -18,7 +18,7 @@ failing worker's error reaches the driver with its rank, host and traceback;
 ``timeout``; nothing left running; the workers' output streamed to the driver
 with rank prefixes; tf-keras as ``tf.keras`` where Keras 3 is the default;
 modules shipped with ``sc.addPyFile`` import in the workers; the weights
-check of :class:`~dist_dl.launch.runner.TFDistributeRunner`.
+check of `TFDistributeRunner`.
 """
 from __future__ import annotations
 

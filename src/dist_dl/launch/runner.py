@@ -49,7 +49,7 @@ class HorovodRunner:
             ``"auto"`` (default; the sign of ``np`` decides, as in sparkdl),
             ``"local"`` (needs ``np < 0``) or ``"spark"`` (needs ``np >
             0``); or a launcher object of the
-            :class:`dist_dl.launch.backend.Backend` protocol (code, not
+            `dist_dl.launch.backend.Backend` protocol (code, not
             configuration: a launcher of your own), used as it is with
             ``abs(np)`` workers.
         check_weights: When the function returns, every worker reports the
@@ -168,7 +168,7 @@ def _checked_backend(backend, np: int):
 class TFDistributeRunner(HorovodRunner):
     """Runs a training function on ``np`` workers that form one
     ``tf.distribute.MultiWorkerMirroredStrategy`` job: the counterpart of
-    :class:`HorovodRunner` on runtimes without Horovod (Databricks Runtime
+    `HorovodRunner` on runtimes without Horovod (Databricks Runtime
     16.0 ML and later). Same arguments and guarantees (task slots checked
     first, the failing rank's error on the driver, timeout, no process left,
     rank-prefixed output): ``np`` keeps sparkdl's name and sign convention

@@ -152,7 +152,7 @@ class SparkBackend:
         grace: Seconds past the job's timeout before the driver cancels the
             Spark job of workers that did not stop themselves.
         nics: Network interfaces for Horovod and Gloo (default:
-            :func:`cluster_nics`).
+            `cluster_nics()`).
     """
 
     name = "spark"
@@ -354,7 +354,7 @@ _WORKER_ENTRY = "dist_dl.launch._spark_worker_main"
 
 def _workers_exit_without_final_collection() -> None:
     """Each worker process on a Spark task ends as a local worker does
-    (:mod:`dist_dl.launch._worker_main`): exit handlers, flushed streams,
+    (`dist_dl.launch._worker_main`): exit handlers, flushed streams,
     then ``os._exit``, without the interpreter's last garbage collection.
 
     Horovod starts them as ``python -m horovod.spark.task.gloo_exec_fn ...``,
@@ -391,16 +391,16 @@ def _wrap_horovod_tasks() -> None:
       when input is left unread after the task's function (pyspark/worker.py,
       "check end of stream"), so every Horovod job started new Python
       workers;
-    - :func:`dist_dl.launch.termination.prompt_termination`: the task ends
+    - `dist_dl.launch.termination.prompt_termination()`: the task ends
       its worker processes promptly when the job is aborted or the task
       killed (Horovod's own sequence waits out 5 s it can never use);
-    - :func:`dist_dl.launch.sparkfork.install`: the worker processes are
+    - `dist_dl.launch.sparkfork.install()`: the worker processes are
       forked from the executor's fork server, which imports the frameworks
       the driver had imported when the job started;
     - the task's ``sys.path`` into its environment
-      (:func:`dist_dl.launch.worker.launcher_path_env`), which the worker
+      (`dist_dl.launch.worker.launcher_path_env()`), which the worker
       takes before it unpickles the user's function
-      (:mod:`dist_dl.launch._spark_worker_main`): modules PySpark put on the
+      (`dist_dl.launch._spark_worker_main`): modules PySpark put on the
       task's path (``sc.addPyFile``, ``spark.submit.pyFiles``) import in the
       workers as in the task. Horovod's task service starts the worker with a
       copy of the task's environment, and PySpark adds shipped files to the
@@ -446,7 +446,7 @@ DEAD_PEER_SECONDS = KEEPALIVE["TCP_KEEPIDLE"] + KEEPALIVE["TCP_KEEPINTVL"] * KEE
 
 class _BoundedSocket(socket.socket):
     """A TCP socket whose connect() gives up on a host that does not answer
-    within :data:`DEAD_PEER_SECONDS`; once connected it blocks as before
+    within `DEAD_PEER_SECONDS`; once connected it blocks as before
     (a wait for a worker's exit code may rightly last hours)."""
 
     def connect(self, address):
@@ -460,9 +460,9 @@ class _BoundedSocket(socket.socket):
 
 class _KeepAliveSockets:
     """Stands in for the ``socket`` module inside Horovod's network code:
-    its TCP sockets are made with keepalive on (:data:`KEEPALIVE`), unacknowledged
+    its TCP sockets are made with keepalive on (`KEEPALIVE`), unacknowledged
     data bounded by TCP_USER_TIMEOUT and connect() by a timeout
-    (:data:`DEAD_PEER_SECONDS`)."""
+    (`DEAD_PEER_SECONDS`)."""
 
     def __getattr__(self, name):
         return getattr(socket, name)
@@ -494,8 +494,8 @@ def _detect_dead_task_services() -> None:
     network, the end of the waiting connection never arrives, and a request
     opened or written to that host meanwhile waits on TCP's retransmissions
     (minutes). The sockets of Horovod's network module get keepalive,
-    TCP_USER_TIMEOUT and a connect timeout (:class:`_KeepAliveSockets`): each
-    of these ends within :data:`DEAD_PEER_SECONDS` of the host going silent,
+    TCP_USER_TIMEOUT and a connect timeout (`_KeepAliveSockets`): each
+    of these ends within `DEAD_PEER_SECONDS` of the host going silent,
     Horovod then sees a failed worker, and the launch fails as for any other.
     Horovod 0.28.1 (its last release) sets no socket options there, so its
     module's ``socket`` is replaced, as ``shutil`` is above; the task
@@ -544,7 +544,7 @@ class _RunSignals:
         self._previous.clear()
 
     def deliver(self) -> None:
-        """After :meth:`restore`: act on the signal received, if any."""
+        """After `restore()`: act on the signal received, if any."""
         if self.received == signal.SIGINT:
             raise KeyboardInterrupt
         if self.received is not None:
@@ -562,7 +562,7 @@ def _patch_shutdown_event() -> None:
     only there), so ``horovod.spark.run`` failed from a notebook's execution
     thread, a web service or a pipeline's worker thread: there it returns an
     event without handlers. On the main thread during a job of this module,
-    the handlers are :class:`_RunSignals`'s. Horovod is unmaintained (0.28.1 is
+    the handlers are `_RunSignals`'s. Horovod is unmaintained (0.28.1 is
     its last release), so the function is wrapped here.
     """
     from horovod.runner import gloo_run

@@ -22,9 +22,9 @@ middleman is wrapped rather than fixed upstream.
 The wrapping happens where the middleman starts: in the Python worker of each
 Spark task, before Horovod's task function runs (the task prologue that
 ``dist_dl.launch.spark._wrap_horovod_tasks`` puts around Horovod's Spark
-mapper on the driver calls :func:`prompt_termination`). ``safe_shell_exec.execute``
+mapper on the driver calls `prompt_termination()`). ``safe_shell_exec.execute``
 starts the middleman with multiprocessing's ``spawn``, which pickles its target
-by name: the target set here is :func:`_middleman` of this module, which the
+by name: the target set here is `_middleman()` of this module, which the
 new interpreter imports, and which patches its own fresh copy of Horovod's
 module before running Horovod's middleman.
 """
@@ -68,10 +68,10 @@ def terminate_tree(pid: int, grace: float = GRACE_S) -> None:
 
 
 def _middleman(*args, **kwargs):
-    """Horovod's middleman with :func:`terminate_tree` in place of its own.
+    """Horovod's middleman with `terminate_tree()` in place of its own.
     Runs in the process ``spawn`` made, whose copy of Horovod's module is
     fresh (its ``_exec_middleman`` is Horovod's own); in a process where
-    :func:`prompt_termination` ran, the original is kept on this function."""
+    `prompt_termination()` ran, the original is kept on this function."""
     from horovod.runner.common.util import safe_shell_exec
 
     original = safe_shell_exec._exec_middleman
@@ -83,7 +83,7 @@ def _middleman(*args, **kwargs):
 
 def prompt_termination() -> None:
     """In this process (a Spark task's Python worker): the middlemen that
-    ``safe_shell_exec.execute`` starts from now on run :func:`_middleman`."""
+    ``safe_shell_exec.execute`` starts from now on run `_middleman()`."""
     from horovod.runner.common.util import safe_shell_exec
 
     if safe_shell_exec._exec_middleman is not _middleman:

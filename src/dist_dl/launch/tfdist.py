@@ -1,11 +1,11 @@
 """The tf.distribute engine: workers that form one
 ``tf.distribute.MultiWorkerMirroredStrategy`` job, as processes on the driver
 (``np < 0``) or as the tasks of a Spark barrier stage (``np > 0``), launched
-by :mod:`dist_dl.launch.barrier`.
+by `dist_dl.launch.barrier`.
 
 Every worker gets a ``TF_CONFIG`` naming all workers' ``host:port`` and its
 own index; the strategy's gRPC server listens on that port and its
-collectives (RING on CPU, NCCL on GPUs: :func:`multi_worker_strategy`) run
+collectives (RING on CPU, NCCL on GPUs: `multi_worker_strategy()`) run
 between those addresses. No Horovod import anywhere on this path.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class TFLocalBackend(BarrierLocalBackend):
     """Worker processes on the driver machine, on 127.0.0.1.
 
     Args:
-        grace: As :class:`~dist_dl.launch.local.LocalBackend`'s.
+        grace: As `LocalBackend`'s.
         worker_gpus: The GPU ids each worker gets, all of them its own (an
             empty list: none, CPU training); None: the device plan's one GPU
             per worker where the host has GPUs.
@@ -87,7 +87,7 @@ class TFLocalBackend(BarrierLocalBackend):
 class TFSparkBackend(BarrierSparkBackend):
     """Workers as the tasks of one Spark barrier stage, one worker per task.
 
-    Args: as :class:`~dist_dl.launch.barrier.BarrierSparkBackend`'s;
+    Args: as `BarrierSparkBackend`'s;
     ``worker_gpus``: how many of its task's GPUs each rank's worker gets (0:
     none, CPU training; None: the task's GPUs for the device plan).
     """

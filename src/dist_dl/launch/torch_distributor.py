@@ -1,6 +1,6 @@
 """``TorchDistributor``: a drop-in for pyspark's
 ``pyspark.ml.torch.distributor.TorchDistributor``, on the library's launcher
-(:mod:`dist_dl.launch.torchdist`).
+(`dist_dl.launch.torchdist`).
 
 Semantics kept from the original: ``run(train_object, *args, **kwargs)``
 takes a function (its return value on rank 0 comes back) or the path of a

@@ -1,6 +1,6 @@
 """The torch engine: workers that form one ``torch.distributed`` job, placed
 as torchrun places its workers, as processes on the driver or on the tasks of
-a Spark barrier stage (launched by :mod:`dist_dl.launch.barrier`).
+a Spark barrier stage (launched by `dist_dl.launch.barrier`).
 
 Every worker gets torchrun's variables, so ``torch.distributed.init_process_group``
 with its default ``env://`` works unchanged: ``MASTER_ADDR`` and ``MASTER_PORT``

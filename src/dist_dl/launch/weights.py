@@ -5,16 +5,16 @@ strategy's scope still runs to the end on every worker, each training its own
 copy on its own share of the steps, and nothing fails: the job returns rank
 0's model as if it were the job's. That is the worst failure a data-parallel
 runner can have, so every tf.distribute worker reports, when its function has
-returned, the Keras models it trained (:func:`report`: per trainable variable
+returned, the Keras models it trained (`report()`: per trainable variable
 the sum and the sum of magnitudes of its values, and whether the model was
 built under a ``MultiWorkerMirroredStrategy``), and the driver compares them
-with rank 0's (:func:`check`):
+with rank 0's (`check()`):
 
 - a model whose weights differ from rank 0's fails the job
-  (:class:`WorkersDiverged`), naming the model, the ranks and the fix;
+  (`WorkersDiverged`), naming the model, the ranks and the fix;
 - a model every rank trained outside a multi-worker strategy, with the same
   weights everywhere (seeded initialisation, identical data), warns
-  (:class:`UnsynchronizedTraining`): every worker did the whole job alone.
+  (`UnsynchronizedTraining`): every worker did the whole job alone.
 
 Models are matched across ranks by name; a name that is not on every rank
 exactly once (a model only rank 0 builds or loads, two models of one name) is

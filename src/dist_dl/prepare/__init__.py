@@ -1,7 +1,7 @@
 """Data preparation (driver side): raw images to validated image shards.
 
 The shard schema and sidecar files are described in
-:mod:`dist_dl.prepare.schema`.
+`dist_dl.prepare.schema`.
 """
 from typing import TYPE_CHECKING
 

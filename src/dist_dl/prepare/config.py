@@ -27,7 +27,7 @@ class ShardConfig:
             (RGB JPEGs). With ``resize_short_side`` too, the shorter side is
             brought to ``resize_short_side`` first and the longer side then
             capped, so the cap wins for elongated images
-            (:func:`dist_dl.prepare.images.encode_image`). Default None (no
+            (`dist_dl.prepare.images.encode_image()`). Default None (no
             cap).
         jpeg_quality: Quality (1-95) used whenever an image is re-encoded:
             after a resize, or when the source is not an RGB JPEG (PNG,
@@ -84,7 +84,7 @@ class DataConfig:
         mode: ``"error"``, ``"overwrite"`` or ``"append"`` for an existing output.
         on_bad_image: ``"fail"`` or ``"skip"`` (counted in the summary).
         resize_short_side, max_side, jpeg_quality, rows_per_row_group: see
-            :class:`ShardConfig` (the synthetic source writes ``image_size``
+            `ShardConfig` (the synthetic source writes ``image_size``
             squares and uses only ``jpeg_quality`` and ``rows_per_row_group``).
         seed: Seed of the split and of synthetic pixels.
     """
@@ -121,7 +121,7 @@ class DataConfig:
             raise ValueError("data.val_labels_file labels the files of data.val_dir: set val_dir")
 
     def shard_config(self) -> ShardConfig:
-        """The encoding settings as a :class:`ShardConfig`."""
+        """The encoding settings as a `ShardConfig`."""
         return ShardConfig(resize_short_side=self.resize_short_side, max_side=self.max_side,
                            jpeg_quality=self.jpeg_quality,
                            rows_per_row_group=self.rows_per_row_group, seed=self.seed)

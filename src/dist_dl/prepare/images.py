@@ -111,7 +111,7 @@ def stored_size(size: tuple[int, int], resize_short_side: int | None = None,
                 max_side: int | None = None) -> tuple[int, int]:
     """The ``(width, height)`` an image of ``size`` is stored at: the shorter
     side brought down to ``resize_short_side``, then the longer side capped
-    at ``max_side`` (see :func:`encode_image`); never enlarged."""
+    at ``max_side`` (see `encode_image()`); never enlarged."""
     width, height = size
     if resize_short_side is not None and min(width, height) > resize_short_side:
         scale = resize_short_side / min(width, height)

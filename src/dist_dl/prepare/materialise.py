@@ -86,17 +86,17 @@ def materialise_dataframe(df, validation, output_dir: str, *, image_col: str, la
                           validation_fraction: float, max_side: int | None = None):
     """Write a DataFrame (and its validation split) as shards, or reuse the
     shards an earlier call wrote for the same data; see
-    :func:`fingerprint_dataframes`.
+    `fingerprint_dataframes()`.
 
     Args:
         df, validation: DataFrames of images and labels; with no
             ``validation``, ``validation_fraction`` of ``df`` is held out.
         output_dir: Local folder (every worker's) the shards go under.
         image_col, label_col, classes, seed: As for
-            :func:`~dist_dl.prepare.prepare_image_dataset`.
+            `prepare_image_dataset()`.
         num_workers: The readers the shards are cut for (row groups).
         max_side: Cap on the stored images' longer side
-            (:class:`~dist_dl.prepare.ShardConfig`); None keeps their size.
+            (`ShardConfig`); None keeps their size.
 
     Returns:
         (train shards folder, validation shards folder or None, rows in,

@@ -16,7 +16,7 @@ width         int32     stored image width in pixels
 ============  ========  ========================================================
 
 The files are written uncompressed and without dictionary encoding
-(:data:`PARQUET_OPTIONS`, :data:`SPARK_PARQUET_OPTIONS`): JPEG bytes do not
+(`PARQUET_OPTIONS`, `SPARK_PARQUET_OPTIONS`): JPEG bytes do not
 compress, and each image is unique, so both only cost time. Reading a row
 group of ImageNet-like JPEGs (about 53 KB each) with pyarrow into one
 ``bytes`` per image then takes about a third less CPU than with Snappy and

@@ -21,7 +21,7 @@ def make_synthetic_images(output: str, rows: int, image_size: int, classes: int,
     """Write ``rows`` random RGB JPEG images of ``image_size`` square pixels.
 
     Same schema, sidecar files and layout (one row group per file) as
-    :func:`~dist_dl.prepare.prepare_image_dataset`. Each image is a smooth
+    `prepare_image_dataset()`. Each image is a smooth
     random colour field plus fine noise, so that its JPEG is about as large
     and as slow to decode as a photograph of that size (pure noise would be
     several times larger, a flat colour several times smaller). Label ``i``
@@ -79,7 +79,7 @@ def write_image_shards(output: str, images, labels: list[int], classes: int, *,
     """Write encoded ``images`` (an iterable of bytes, one per label) with
     their ``labels`` (ints in ``[0, classes)``, named ``class<i>``) as image
     shards: the schema, sidecar files and layout of
-    :func:`~dist_dl.prepare.prepare_image_dataset`, without Spark. Row ``i``'s
+    `prepare_image_dataset()`, without Spark. Row ``i``'s
     ``source_id`` is ``<source>-<i>``.
 
     Returns:

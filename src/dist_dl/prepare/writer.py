@@ -41,7 +41,7 @@ class PrepareSummary:
     ``skipped_by_reason`` counts skipped rows by reason (``empty``,
     ``undecodable``, ``unreadable``, ``null``); ``skipped_examples`` holds the
     first few ``(source_id, error)`` pairs. ``encoding`` holds the settings
-    the images were stored with (:meth:`ShardConfig.encoding`:
+    the images were stored with (`ShardConfig.encoding()`:
     ``resize_short_side``, ``max_side``, ``jpeg_quality``).
     """
 
@@ -80,7 +80,7 @@ def prepare_image_dataset(
     spark=None,
     progress_every: float | None = 30.0,
 ) -> PrepareSummary:
-    """Write images as shards of the schema in :mod:`dist_dl.prepare.schema`.
+    """Write images as shards of the schema in `dist_dl.prepare.schema`.
 
     Give exactly one source:
 
@@ -123,7 +123,7 @@ def prepare_image_dataset(
         on_bad_image: ``"fail"`` (default): if any image cannot be read or
             decoded, nothing is written and the error names the first bad
             records; ``"skip"``: bad images are left out and counted.
-        config: Encoding and layout (:class:`ShardConfig`): e.g.
+        config: Encoding and layout (`ShardConfig`): e.g.
             ``ShardConfig(max_side=500)`` stores pre-resized images, their
             longer side at most 500 px.
         spark: SparkSession; default the DataFrame's, else the active one
@@ -133,7 +133,7 @@ def prepare_image_dataset(
             and a last line when done. ``None`` or 0: none.
 
     Returns:
-        The :class:`PrepareSummary`, also written to ``<output>/_summary.json``.
+        The `PrepareSummary`, also written to ``<output>/_summary.json``.
         The label index is written to ``<output>/_labels.json``.
 
     Raises:

@@ -5,7 +5,7 @@ anywhere (call them on the driver to fail before workers start);
 ``make_dataset`` (``tf.data``) and ``make_loader`` (torch tensors, no
 TensorFlow) run in each worker, on the same plan and rows, with Petastorm
 or, where it is missing, pyarrow alone (``ReaderConfig.reader``,
-:func:`choose_reader`).
+`choose_reader()`).
 """
 from typing import TYPE_CHECKING
 

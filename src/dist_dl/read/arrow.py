@@ -4,7 +4,7 @@ For runtimes without Petastorm (Databricks 16.4 and 17.3 LTS ML ship none,
 and Petastorm 0.13.1 does not import with pyarrow 16 or later). It uses only
 ``pyarrow.parquet.ParquetFile`` and ``read_row_group``, stable from pyarrow
 10 to 19. The row groups, their numbering and their assignment to ranks come
-from :mod:`dist_dl.read.plan`, as for the Petastorm reader, so both readers
+from `dist_dl.read.plan`, as for the Petastorm reader, so both readers
 give a rank the same rows.
 """
 from __future__ import annotations

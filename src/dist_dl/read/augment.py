@@ -61,7 +61,7 @@ class ReaderConfig:
             ``ParquetFile.read_row_group``, for runtimes without Petastorm) or
             ``"auto"`` (default: Petastorm where it imports, else arrow). Both
             give each rank the same rows and steps (see
-            :func:`~dist_dl.read.make_dataset`).
+            `make_dataset()`).
         normalize: True (default): images come out float32, normalised with
             ``mean`` and ``std``. False: uint8 pixels (0-255, the resized
             image rounded), for a model that normalises as its first layer

@@ -59,15 +59,15 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
     """Batches of shard ``rank`` of ``num_workers``, decoded and augmented.
 
     Each rank reads whole row groups, row group ``i`` (numbered as
-    :func:`~dist_dl.read.plan.row_groups` does) going to rank ``i % num_workers``,
-    with the reader ``config.reader`` names (see :func:`choose_reader`):
+    `row_groups()` does) going to rank ``i % num_workers``,
+    with the reader ``config.reader`` names (see `choose_reader()`):
     Petastorm's batch reader (the ``Reader`` that ``make_batch_reader``
     builds, with ``cur_shard=rank, shard_count=num_workers``; see
     ``dist_dl.read.rows._batch_reader`` for why it is built there), or the arrow reader
-    (:class:`~dist_dl.read.arrow.ArrowShard`, pyarrow alone). Both give a
+    (`ArrowShard`, pyarrow alone). Both give a
     rank the same rows every epoch. Each rank yields exactly
     ``steps_per_epoch`` batches of ``batch_size`` per epoch, whatever the
-    shard sizes (see :func:`~dist_dl.read.plan_shards` for the rule), so
+    shard sizes (see `plan_shards()` for the rule), so
     synchronous training never waits on a rank that ran out of data.
 
     Pipeline: the reader's rows (row groups shuffled in training) -> shuffle
@@ -85,7 +85,7 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
         training: True: random resized crop and flip (and shuffling, unless
             ``shuffle=False``); False: the evaluation transform (centre crop)
             in a fixed order.
-        config: Transform and pipeline settings (:class:`ReaderConfig`).
+        config: Transform and pipeline settings (`ReaderConfig`).
         steps_per_epoch: Batches per epoch; default ``plan_shards(url,
             num_workers, batch_size).steps_per_epoch`` (policy "pad"), the same on every
             rank. Pass the driver's figure to avoid re-reading footers.
@@ -114,7 +114,7 @@ def make_dataset(url, rank: int, num_workers: int, batch_size: int, *, training:
             ``shuffle=False`` rows come in the same order every time (the
             plan's row-group order) with the arrow reader, and with
             Petastorm when ``config.reader_threads=1``.
-        waits: An :class:`InputWaits` that records how long the consumer
+        waits: An `InputWaits` that records how long the consumer
             waits for each batch (the training workers' input-bound check).
 
     Raises:

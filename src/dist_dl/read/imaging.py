@@ -2,11 +2,11 @@
 and eval transforms, without TensorFlow (worker side).
 
 - Evaluation: the central square of ``eval_crop_fraction`` of the short side
-  (:func:`~dist_dl.read.augment.eval_window`, the same window as the
+  (`eval_window()`, the same window as the
   TensorFlow reader), resized to ``image_size``.
 - Training: a random resized crop drawn as TensorFlow's
   ``sample_distorted_bounding_box`` draws it with the whole image as the box
-  (:func:`train_window`), resized to ``image_size``, flipped left-right with
+  (`train_window()`), resized to ``image_size``, flipped left-right with
   probability 1/2 (``config.flip``).
 
 JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT where the crop is at least
@@ -75,7 +75,7 @@ def train_window(height: int, width: int, draws, config: ReaderConfig):
 
     Args:
         draws: ``[CROP_ATTEMPTS, DRAWS_PER_ATTEMPT]`` uniforms in [0, 1) (one
-            row of :func:`crop_draws`).
+            row of `crop_draws()`).
     """
     low_ratio, high_ratio = config.aspect_ratio_range
     image_area = float(height * width)
@@ -113,7 +113,7 @@ def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool =
     into ``out`` (a uint8 ``[size, size, 3]`` array or view).
 
     Args:
-        draws: The train crop's uniforms (:func:`train_window`); None: the
+        draws: The train crop's uniforms (`train_window()`); None: the
             evaluation crop.
         flip: Flip left-right.
     """

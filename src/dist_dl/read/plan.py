@@ -1,6 +1,6 @@
 """How rows split across ranks, from Parquet metadata alone (any process).
 
-Row group ``i`` (see :func:`row_groups` for the numbering) goes to rank
+Row group ``i`` (see `row_groups()` for the numbering) goes to rank
 ``i % size``, with either reader (Petastorm's rule, kept by the arrow
 reader). Every rank can compute every rank's row count from the Parquet
 footers without talking to the others, so all ranks agree on the number of
@@ -33,7 +33,7 @@ class ShardPlan:
         rows: Rows in the dataset.
         rows_per_rank: Rows each rank reads in one pass over its shard.
         steps_per_epoch: Batches every rank yields per epoch.
-        policy: ``"pad"`` or ``"drop"`` (see :func:`plan_shards`).
+        policy: ``"pad"`` or ``"drop"`` (see `plan_shards()`).
     """
 
     files: tuple
@@ -51,7 +51,7 @@ class ShardPlan:
 def row_groups(files):
     """Every row group of ``files``, in the order both readers number them.
 
-    Files in the given order (:func:`~dist_dl.read.resolve_files` sorts
+    Files in the given order (`resolve_files()` sorts
     them), each file's row groups in file order: the order Petastorm
     enumerates the row groups of a list of files, read here from the footers
     with pyarrow alone, so it holds where Petastorm is not installed.
@@ -124,7 +124,7 @@ def plan_shards(url, num_workers: int, batch_size: int, *, version: int | None =
     """Check a dataset for ``num_workers`` ranks and compute the steps per epoch.
 
     Run it on the driver before starting workers (errors then come before any
-    worker starts); :func:`~dist_dl.read.make_dataset` runs it again on every
+    worker starts); `make_dataset()` runs it again on every
     rank and gets the same answer.
 
     The rule that keeps ranks in step: every rank yields exactly
@@ -143,7 +143,7 @@ def plan_shards(url, num_workers: int, batch_size: int, *, version: int | None =
 
     Args:
         url: Dataset folder, Delta table or URL (see
-            :func:`~dist_dl.read.resolve_files`), or a list of file URLs.
+            `resolve_files()`), or a list of file URLs.
         num_workers: Number of ranks (``hvd.size()``; the old name ``size``
             is accepted with a warning for one release).
         batch_size: Rows per batch on each rank.
@@ -198,6 +198,6 @@ def plan_shards(url, num_workers: int, batch_size: int, *, version: int | None =
 @renamed_parameters({"size": "num_workers"})
 def steps_per_epoch(url, num_workers: int, batch_size: int, *, version: int | None = None,
                     policy: str = "pad") -> int:
-    """Batches every rank yields per epoch (see :func:`plan_shards`)."""
+    """Batches every rank yields per epoch (see `plan_shards()`)."""
     return plan_shards(url, num_workers, batch_size, version=version,
                        policy=policy).steps_per_epoch

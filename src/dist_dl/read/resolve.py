@@ -33,14 +33,14 @@ def to_url(location: str) -> str:
 def resolve_files(url: str, version: int | None = None) -> list[str]:
     """The Parquet files of a dataset, as a sorted list of URLs.
 
-    Both readers and :func:`~dist_dl.read.plan_shards` get this list, so they
+    Both readers and `plan_shards()` get this list, so they
     agree on the order of files (and so of row groups): a folder's files are
     listed here, also on remote storage, and never by a reader.
 
     Args:
         url: A folder of Parquet files (as written by
-            :func:`~dist_dl.prepare.prepare_image_dataset`), a Delta table, or
-            a path/URL as accepted by :func:`to_url`.
+            `prepare_image_dataset()`), a Delta table, or
+            a path/URL as accepted by `to_url()`.
         version: For a Delta table, the table version to read (default: the
             latest). The files are those of that version exactly, taken from
             the Delta log (files of other versions in the folder are not read).
@@ -121,7 +121,7 @@ def _remote(url: str):
 
 
 def parquet_file(url: str, metadata=None):
-    """``pyarrow.parquet.ParquetFile`` of one file URL from :func:`resolve_files`.
+    """``pyarrow.parquet.ParquetFile`` of one file URL from `resolve_files()`.
 
     Args:
         url: A ``file://`` URL or a remote URL pyarrow's file systems open.

@@ -1,12 +1,12 @@
 """One rank's rows, epoch by epoch: what every input pipeline reads (worker side).
 
-The reader (Petastorm's or the arrow one, :func:`choose_reader`) gives a
+The reader (Petastorm's or the arrow one, `choose_reader()`) gives a
 rank its row groups, in a row-group order seeded per epoch where it can be
-(:func:`rank_passes`); :func:`epoch_rows` cuts or fills each epoch to exactly
+(`rank_passes()`); `epoch_rows()` cuts or fills each epoch to exactly
 ``steps_per_epoch * batch_size`` rows (the plan's rule, see
-:func:`~dist_dl.read.plan_shards`). The ``tf.data`` pipeline
-(:func:`~dist_dl.read.make_dataset`) and the torch loader
-(:func:`~dist_dl.read.torchdata.make_loader`) both read through here, so they
+`plan_shards()`). The ``tf.data`` pipeline
+(`make_dataset()`) and the torch loader
+(`make_loader()`) both read through here, so they
 give a rank the same rows every epoch. Imports no framework.
 """
 from __future__ import annotations
@@ -98,12 +98,12 @@ def rank_plan(url, rank, num_workers, batch_size, *, config, steps_per_epoch=Non
 def rank_passes(files, rank: int, size: int, *, reader: str, threads: int, shuffle: bool,
                 seed: int | None):
     """``passes(epoch)``: a function starting one pass over rank ``rank``'s row
-    groups in epoch ``epoch`` (what :func:`epoch_rows` takes), each pass
+    groups in epoch ``epoch`` (what `epoch_rows()` takes), each pass
     yielding ``(images, labels, source_ids)`` chunks.
 
     Args:
         files: The plan's Parquet file URLs.
-        reader: ``"petastorm"`` or ``"arrow"`` (see :func:`choose_reader`).
+        reader: ``"petastorm"`` or ``"arrow"`` (see `choose_reader()`).
         threads: Row groups read in parallel.
         shuffle: Shuffle the row-group order. With the arrow reader each
             epoch's order is drawn from ``(seed, epoch)`` (a new order every

@@ -1,7 +1,7 @@
 """``make_loader``: one rank's shard as torch batches (worker side).
 
-The same plan, rows and transforms as :func:`~dist_dl.read.make_dataset`
-(:mod:`dist_dl.read.rows`, the transforms of :mod:`dist_dl.read.imaging`),
+The same plan, rows and transforms as `make_dataset()`
+(`dist_dl.read.rows`, the transforms of `dist_dl.read.imaging`),
 without TensorFlow: every rank yields ``steps_per_epoch`` batches per epoch,
 and all ranks together read every row once per epoch with weight 1.
 
@@ -9,7 +9,7 @@ Images leave the loader as uint8 ``[batch, 3, size, size]`` (NCHW shape,
 channels-last memory: a view of the ``[batch, size, size, 3]`` array the
 decoders wrote): a quarter of float32's bytes to copy to the GPU, and no CPU
 time spent on normalising. The model normalises as its first step, on its
-device (:class:`Normalize`).
+device (`Normalize`).
 
 Imports torch only when a loader is made or iterated (its argument errors
 come first, from plain Python), and never TensorFlow.
@@ -39,7 +39,7 @@ def decode_threads(environ=None) -> int:
     ``OMP_NUM_THREADS`` where set (the library's launchers set it to each
     worker's share, ``threads_per_worker``), else the cores this process may
     run on divided among the job's workers on this host
-    (:func:`~dist_dl.core.placement.host_share`; 1 worker outside a job).
+    (`host_share()`; 1 worker outside a job).
     """
     environ = os.environ if environ is None else environ
     value = environ.get("OMP_NUM_THREADS", "")
@@ -64,10 +64,10 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
 
     Each iteration over the loader is one epoch of exactly ``len(loader)``
     (``steps_per_epoch``) batches; the first is epoch ``epoch``, each next
-    iteration the epoch after, and :meth:`TorchLoader.set_epoch` chooses the
+    iteration the epoch after, and `TorchLoader.set_epoch()` chooses the
     next one (as ``DistributedSampler.set_epoch`` does; a resumed run passes
     its first epoch). The rows of a rank and epoch are those
-    :func:`~dist_dl.read.make_dataset` gives it with the arrow reader and the
+    `make_dataset()` gives it with the arrow reader and the
     same ``seed`` (the row-group order of epoch ``e`` drawn from ``(seed,
     e)``); the order of rows within the epoch comes from a shuffle buffer of
     ``config.shuffle_buffer`` rows drawn from ``(seed, epoch, rank)``, filled
@@ -80,10 +80,10 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
         batch_size: Rows per batch on this rank.
         training: True: random resized crop and flip, shuffled (unless
             ``shuffle=False``); False: the centre crop, in the plan's order.
-        config: Transform and reader settings (:class:`~dist_dl.read.ReaderConfig`;
-            ``mean`` and ``std`` are :class:`Normalize`'s).
+        config: Transform and reader settings (`ReaderConfig`;
+            ``mean`` and ``std`` are `Normalize`'s).
         steps_per_epoch: Batches per epoch; default the plan's
-            (:func:`~dist_dl.read.plan_shards`, policy "pad"). Pass the
+            (`plan_shards()`, policy "pad"). Pass the
             driver's figure to skip reading the footers.
         version: Delta table version (default latest).
         seed: Seed of the row-group orders, the shuffle buffer and the crops;
@@ -98,7 +98,7 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
             CPU), with the shard's labels, weights and row order; measures
             a training loop without its image decoding (as synthetic data
             in tf_cnn_benchmarks).
-        threads: Decoding threads (``"cpu"``); default :func:`decode_threads`.
+        threads: Decoding threads (``"cpu"``); default `decode_threads()`.
         prefetch: Batches made ahead of the one yielded, by a thread of
             the loader's own (and as many more in decoding with ``"cpu"``).
         with_weights: Also yield the rows' weights (1.0 for rows read in the
@@ -111,7 +111,7 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
         device: ``decode="gpu"``'s device.
 
     Returns:
-        A :class:`TorchLoader` yielding ``(images, labels)``, ``(images,
+        A `TorchLoader` yielding ``(images, labels)``, ``(images,
         labels, weights)`` with ``with_weights``, and the source ids after
         them with ``include_source_id``: images uint8
         ``[batch, 3, size, size]`` in channels-last memory, labels int64
@@ -120,7 +120,7 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
 
     Raises:
         ValueError: an argument out of range (before any file is read), or
-            the plan's errors (see :func:`~dist_dl.read.plan_shards`).
+            the plan's errors (see `plan_shards()`).
         ImportError: ``decode="gpu"`` where torchvision does not import.
     """
     if decode not in DECODES:
@@ -169,7 +169,7 @@ def _gpu_device(device):
 
 
 class TorchLoader:
-    """One rank's batches, an epoch per iteration (made by :func:`make_loader`).
+    """One rank's batches, an epoch per iteration (made by `make_loader()`).
 
     Attributes:
         steps_per_epoch: Batches per epoch (also ``len(loader)``).
@@ -307,7 +307,7 @@ class TorchLoader:
         allocated on; the same in torchvision 0.26). So the loader decodes
         with a stream of its own current, waits for that stream's queued
         work before each decode, and hands every batch over to the
-        consumer's stream (:meth:`_gpu_handoff`)."""
+        consumer's stream (`_gpu_handoff()`)."""
         import torch
 
         if self._stream is None:
@@ -331,8 +331,8 @@ class TorchLoader:
 
     def _gpu_images(self, jpegs, draws, flips):
         """The batch decoded, cropped, resized and flipped on the GPU
-        (torchvision's CUDA JPEG decoder; see :func:`crop_resize_flip`), on
-        the loader's stream (see :meth:`_gpu_stream`)."""
+        (torchvision's CUDA JPEG decoder; see `crop_resize_flip()`), on
+        the loader's stream (see `_gpu_stream()`)."""
         import torch
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -443,7 +443,7 @@ def _define_normalize():
     import torch
 
     class Normalize(torch.nn.Module):
-        """A model's first step for :func:`make_loader`'s batches
+        """A model's first step for `make_loader()`'s batches
         (``nn.Sequential(Normalize(config), model)``): uint8 ``[batch, 3, h,
         w]`` in, float32 out, less ``config.mean`` and over ``config.std``
         (of pixels scaled to [0, 1]), on the model's device, in the images'

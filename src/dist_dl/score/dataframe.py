@@ -3,7 +3,7 @@
 Driver side: checks the columns, fetches the model once from MLflow, and
 ships it to the executors as a file (so executors never talk to the tracking
 server and need no credentials); the scoring itself runs in the executors
-(:mod:`dist_dl.score._executor`).
+(`dist_dl.score._executor`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
                     batch_size: int = 64, on_error: str = "raise",
                     error_col: str = "score_error"):
     """Score a DataFrame of encoded images with a classifier logged by
-    :func:`dist_dl.tracking.log_keras_classifier`.
+    `dist_dl.tracking.log_keras_classifier()`.
 
     Lazy, like any transformation: nothing runs until the result is used. The
     model is downloaded once, here, and each executor Python worker loads it

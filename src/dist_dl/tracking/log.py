@@ -32,7 +32,7 @@ class LoggedModel:
     Attributes:
         model_uri: ``runs:/<run_id>/<artifact_path>`` (on MLflow 3 too, where it
             resolves to the logged model of that name in the run); what
-            ``mlflow.pyfunc.load_model`` and :func:`dist_dl.score.score_dataframe` take.
+            ``mlflow.pyfunc.load_model`` and `dist_dl.score.score_dataframe()` take.
         run_id: The MLflow run it was logged to.
         registered_model_name: The registry name, if it was registered.
         registered_version: The version created in the registry, if registered.
@@ -107,7 +107,7 @@ def pickled_by_value(*modules):
 
 def _keras_of(model):
     """The Keras module of ``model``: the ``keras`` package for a Keras 3
-    model, else the library's (:func:`dist_dl.core.compat.keras`)."""
+    model, else the library's (`dist_dl.core.compat.keras()`)."""
     if compat.is_keras3_model(model):
         import keras
 
@@ -131,7 +131,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
     """Log a Keras image classifier as a self-contained MLflow pyfunc model.
 
     The model is saved as a ``.keras`` file artifact (architecture and weights,
-    without the optimizer), wrapped in :class:`~dist_dl.tracking.pyfunc.KerasImageClassifier`
+    without the optimizer), wrapped in `KerasImageClassifier`
     with its preprocessing, and given a signature (input: one binary column
     ``image_col``; output: ``prediction``, ``probability``, ``probabilities``).
 
@@ -149,7 +149,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
             its last layer has a softmax activation.
         batch_size: Images per forward pass when predicting.
         pip_requirements: Requirements of the logged model; default
-            :func:`default_pip_requirements`.
+            `default_pip_requirements()`.
         extra_pip_requirements: Added to the default requirements instead.
         run_id: Log to this run; default the active run, or a new run that
             is ended afterwards.
@@ -200,7 +200,7 @@ def log_keras_classifier(model, preprocessing: ImagePreprocessing, *, image_col:
 def classifier_signature(image_col: str):
     """The signature of every logged image classifier: one binary column of
     encoded images in; ``prediction``, ``probability`` and ``probabilities``
-    out (:mod:`dist_dl.tracking.pyfunc`)."""
+    out (`dist_dl.tracking.pyfunc`)."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
 
@@ -212,7 +212,7 @@ def classifier_signature(image_col: str):
 
 def logged_model(info, run_id: str, artifact_path: str,
                  registered_model_name: str | None) -> LoggedModel:
-    """The :class:`LoggedModel` of what ``log_model`` returned (``info``)."""
+    """The `LoggedModel` of what ``log_model`` returned (``info``)."""
     version = getattr(info, "registered_model_version", None)
     if registered_model_name is not None and version is None:
         version = _registered_version(registered_model_name, run_id)

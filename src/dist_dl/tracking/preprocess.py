@@ -197,7 +197,7 @@ def _decoders() -> dict:
 def _graph_decoder(spec: ImagePreprocessing):
     """A ``tf.function`` taking a 1-D string tensor of encoded images to the
     resized float32 batch (0-255, before rescaling): the ops of
-    :func:`_decode_one_by_one`, with the crop window computed in the graph
+    `_decode_one_by_one()`, with the crop window computed in the graph
     the same way (so the pixels are the same)."""
     import json
 

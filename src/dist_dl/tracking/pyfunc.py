@@ -1,6 +1,6 @@
 """A Keras image classifier as a self-contained MLflow pyfunc model.
 
-Built on the driver (or rank 0) by :func:`dist_dl.tracking.log_keras_classifier`;
+Built on the driver (or rank 0) by `dist_dl.tracking.log_keras_classifier()`;
 loaded anywhere with ``mlflow.pyfunc.load_model`` (a notebook, a Spark task, a
 serving endpoint). The logged model carries its preprocessing, so a caller
 passes encoded image bytes, never arrays.
@@ -35,7 +35,7 @@ KERAS_ARTIFACT = "keras_model"
 class ImageClassifier(mlflow.pyfunc.PythonModel):
     """What every logged image classifier shares: the input's checks, the
     batching and the output frame (see the module docstring). A subclass
-    gives :meth:`_probabilities` and :meth:`_class_count`, and sets
+    gives `_probabilities()` and `_class_count()`, and sets
     ``image_col`` and ``batch_size``."""
 
     image_col = "image"
@@ -96,7 +96,7 @@ class KerasImageClassifier(ImageClassifier):
     schema).
 
     The Keras model itself is an MLflow artifact named ``"keras_model"`` (a
-    ``.keras`` file), loaded in :meth:`load_context`; this object pickles only
+    ``.keras`` file), loaded in `load_context()`; this object pickles only
     the settings.
 
     Args:

@@ -6,7 +6,7 @@ every child process inherits). A library call that used it and then put
 only the tracking URI back left the caller pointing at an experiment id of
 another store: the next ``mlflow.start_run`` failed with "Could not find
 experiment with ID ...". So library code never sets the experiment
-globally; it asks :func:`mlflow_target` for the experiment id and passes it
+globally; it asks `mlflow_target()` for the experiment id and passes it
 to ``mlflow.start_run(experiment_id=...)``.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ _CALLERS_URI: list[str] = []           # the URI before the first of them
 
 def _active_runs() -> list:
     """This thread's stack of active runs in MLflow's fluent API (one list for
-    the process before MLflow 2.21, see :func:`runs_per_thread`)."""
+    the process before MLflow 2.21, see `runs_per_thread()`)."""
     import mlflow.tracking.fluent as fluent
 
     stack = fluent._active_run_stack
@@ -164,7 +164,7 @@ def runs_per_thread() -> bool:
     2.22.1 do (``fluent._active_run_stack`` is a ThreadLocalVariable); 2.13.1,
     runtime 15.4's, keeps one list for the process, so a call's ``end_run``
     could end a run another thread started: there library calls that log
-    take turns (see :func:`mlflow_target`)."""
+    take turns (see `mlflow_target()`)."""
     import mlflow.tracking.fluent as fluent
 
     return not isinstance(getattr(fluent, "_active_run_stack", None), list)
@@ -184,13 +184,13 @@ def _wanted(tracking_uri: str | None, me: int) -> str:
 @contextlib.contextmanager
 def mlflow_target(tracking_uri: str | None = None, experiment_name: str | None = None):
     """Use ``tracking_uri`` (default: the current one) for the block and yield
-    the id of experiment ``experiment_name`` in it (see :func:`experiment_id`).
+    the id of experiment ``experiment_name`` in it (see `experiment_id()`).
 
     The caller's tracking URI is put back afterwards; the active experiment
     and ``MLFLOW_EXPERIMENT_ID`` are never changed. While a block of another
     thread uses another store, the block waits for it (MLflow's URI is
     process-wide), saying so once; with an MLflow whose active run is one per
-    process (:func:`runs_per_thread`), it waits for any block of another
+    process (`runs_per_thread()`), it waits for any block of another
     thread.
     """
     import mlflow

@@ -2,7 +2,7 @@
 
 Two models go into the run:
 
-- ``model``: the library's pyfunc (:class:`~dist_dl.tracking.torch_pyfunc.TorchImageClassifier`),
+- ``model``: the library's pyfunc (`TorchImageClassifier`),
   which scores encoded images; what ``TrainedModel.transform`` and
   ``score_dataframe`` load. It holds a ``torch.export`` program of
   ``Normalize`` and the network (float32, CPU), so it loads where neither
@@ -10,7 +10,7 @@ Two models go into the run:
   and MLflow are enough).
 - ``pytorch_model``: the network alone in MLflow's pytorch flavour
   (``mlflow.pytorch.load_model``: the ``nn.Module``, float32 images
-  normalised as :class:`~dist_dl.read.torchdata.Normalize` does), for
+  normalised as `Normalize` does), for
   fine-tuning and for code of one's own; loading it needs the code of the
   network's classes (torchvision for ``resnet50``).
 """
@@ -74,7 +74,7 @@ def log_torch_classifier(net, normalize, *, image_size: int, crop_fraction: floa
     ``model`` under ``registered_model_name`` if given.
 
     Returns:
-        The :class:`~dist_dl.tracking.log.LoggedModel` of the pyfunc model.
+        The `LoggedModel` of the pyfunc model.
     """
     import mlflow
     import mlflow.pytorch

@@ -1,15 +1,15 @@
 """A torch image classifier as a self-contained MLflow pyfunc model.
 
-Logged by :func:`dist_dl.tracking.torch_log.log_torch_classifier` (rank 0 of
+Logged by `dist_dl.tracking.torch_log.log_torch_classifier()` (rank 0 of
 the torch engine); loaded anywhere with ``mlflow.pyfunc.load_model``. The
 model is a ``torch.export`` program (``.pt2``: graph and weights, loaded
 without the code that defined the module) that takes uint8 images
 ``[batch, 3, size, size]`` and returns logits; the images are decoded with
 simplejpeg or Pillow and cropped and resized as the torch reader's evaluation transform
-does (:func:`dist_dl.read.imaging.decode_into`), so an image served is the
+does (`dist_dl.read.imaging.decode_into()`), so an image served is the
 image the model was validated on.
 
-Input and output are :mod:`dist_dl.tracking.pyfunc`'s: a pandas DataFrame
+Input and output are `dist_dl.tracking.pyfunc`'s: a pandas DataFrame
 with a binary column of encoded images in; ``prediction``, ``probability``
 and ``probabilities`` out, one row per input row, same index.
 """

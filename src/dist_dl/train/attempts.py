@@ -1,9 +1,9 @@
 """Attempts of a training run: launch the workers, and when an attempt fails
 in a way another can fix (a lost host, a timeout), retry it from the last
-complete checkpoint; otherwise raise :class:`TrainingFailed` naming the error
+complete checkpoint; otherwise raise `TrainingFailed` naming the error
 and where a new run can resume.
 
-Runs on the Spark driver, for :func:`dist_dl.train.driver.train_distributed`.
+Runs on the Spark driver, for `dist_dl.train.driver.train_distributed()`.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def run_attempts(spec, cfg: TrainConfig, backend: str, spark, client, run_id: st
 
 def _keep_run_readable(spec, run_id: str, attempt: int) -> None:
     """After a failed attempt: the run's metric files its stopped workers
-    created but did not write removed (:func:`drop_unwritten_metrics`), saying so."""
+    created but did not write removed (`drop_unwritten_metrics()`), saying so."""
     try:
         dropped = drop_unwritten_metrics(spec.tracking_uri, run_id)
     except OSError as error:  # the attempt's own error is the one to raise

@@ -12,7 +12,7 @@ read. The format, in ``directory``::
     .tmp-ckpt-000004-<uuid>/     a write in progress (or one a crash left)
 
 The torch engine (``engine="torch"``) saves one ``state.pt`` instead
-(:meth:`CheckpointManager.save_torch`: the model's, optimizer's and gradient
+(`CheckpointManager.save_torch()`: the model's, optimizer's and gradient
 scaler's state dicts and the step, ``torch.save``), published, verified and
 signed in the same way, and read back with ``torch.load(weights_only=True)``.
 
@@ -46,9 +46,9 @@ warning that names it, in favour of the previous complete one.
 
 Who may have written it: the checkpoint directory is shared storage, which
 others can write too. With a ``key`` (``train_distributed`` always passes
-one, see :func:`dist_dl.core.integrity.checkpoint_key`; it is never stored in
+one, see `dist_dl.core.integrity.checkpoint_key()`; it is never stored in
 the directory) the writer signs the manifest with an HMAC-SHA256 and a
-reader refuses, with :class:`UntrustedCheckpoint`, any published checkpoint
+reader refuses, with `UntrustedCheckpoint`, any published checkpoint
 whose manifest is unsigned or signed with another key: only someone without
 the key writes such a manifest, so it is an error to look into, not damage to
 step over (stepping over it silently would also let a planted checkpoint
@@ -57,7 +57,7 @@ signed manifest is handled like damage: skipped with a warning naming the
 file and both digests, in favour of the previous checkpoint, which is itself
 verified under the key. Bytes a run did not write are never restored.
 
-Resuming under Horovod (see :func:`dist_dl.train.checkpoint_loop.resume`): rank 0 alone picks
+Resuming under Horovod (see `dist_dl.train.checkpoint_loop.resume()`): rank 0 alone picks
 and verifies the latest checkpoint and restores it, then broadcasts the epoch
 and every model and optimizer variable to the other ranks *before* training
 starts. So the checkpoint directory need only be readable by rank 0, all ranks
@@ -193,7 +193,7 @@ class CheckpointManager:
 
     def save_torch(self, state: Mapping[str, Any], epoch: int, *,
                    metadata: Mapping[str, Any] | None = None) -> CheckpointInfo:
-        """Write a torch engine's checkpoint and publish it as :meth:`save` does.
+        """Write a torch engine's checkpoint and publish it as `save()` does.
 
         Args:
             state: What to restore: state dicts (model, optimizer, gradient
@@ -212,12 +212,12 @@ class CheckpointManager:
 
     def read_torch(self, checkpoint: CheckpointInfo | str | os.PathLike,
                    map_location="cpu") -> dict:
-        """The ``state`` a :meth:`save_torch` checkpoint (its info or its
+        """The ``state`` a `save_torch()` checkpoint (its info or its
         folder) holds, verified first.
 
         Raises:
             ValueError: the checkpoint is not a torch engine's, or fails
-                verification (see :meth:`verify`).
+                verification (see `verify()`).
         """
         import torch
 
@@ -355,7 +355,7 @@ class CheckpointManager:
         """The newest checkpoint that verifies, or None if there is none.
 
         Every newer checkpoint that fails verification is skipped with a
-        :class:`CorruptCheckpointWarning` (also logged) naming it and the reason.
+        `CorruptCheckpointWarning` (also logged) naming it and the reason.
         Temporary directories of unfinished writes are never considered.
 
         Raises:
@@ -374,7 +374,7 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every published checkpoint that verifies, oldest first (skipping
-        corrupt ones with a warning, as :meth:`latest` does)."""
+        corrupt ones with a warning, as `latest()` does)."""
         result = []
         for path, _ in self._published():
             try:
@@ -395,7 +395,7 @@ class CheckpointManager:
             model: A Keras model built like the one that was saved (same
                 builder); compiled, if the optimizer is to be restored.
             optimizer: Default ``model.optimizer``.
-            checkpoint: Which one; default :meth:`latest`.
+            checkpoint: Which one; default `latest()`.
             include_optimizer: Restore the optimizer's state too (default True).
                 The optimizer's variables are created first (``build``), so
                 its slots and iteration count are restored now, not lazily.

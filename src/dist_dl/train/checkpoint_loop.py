@@ -1,9 +1,9 @@
-"""Checkpoints in the training loop: :func:`resume` before ``model.fit``,
-:class:`CheckpointCallback` at the end of each epoch, and :func:`save_as_peer`
+"""Checkpoints in the training loop: `resume()` before ``model.fit``,
+`CheckpointCallback` at the end of each epoch, and `save_as_peer()`
 on the tf.distribute workers that do not write.
 
 Runs inside each worker; the format and the manager are in
-:mod:`dist_dl.train.checkpoint`, which also says why rank 0 alone restores
+`dist_dl.train.checkpoint`, which also says why rank 0 alone restores
 and broadcasts under Horovod.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _define_checkpoint_callback():
 
         Only the writer saves (default: Horovod rank 0, or the only process).
         Restoring is not a callback's job, since ``model.fit`` must already know
-        ``initial_epoch``: call :func:`resume` before ``fit``. List it after
+        ``initial_epoch``: call `resume()` before ``fit``. List it after
         Horovod's ``MetricAverageCallback`` so that the metrics it stores are the
         averaged ones.
 
@@ -100,7 +100,7 @@ def _define_checkpoint_callback():
                 must join (TensorFlow's multi-worker guide: all workers save,
                 the others to a temporary place). The workers that do not
                 write save the same state to a temporary local folder,
-                removed at once (:func:`save_as_peer`).
+                removed at once (`save_as_peer()`).
 
         Attributes:
             last_saved: The checkpoint this callback published last, or None.
@@ -147,7 +147,7 @@ def _define_checkpoint_callback():
 
 
 def save_as_peer(model, *, optimizer=None, include_optimizer: bool = True) -> None:
-    """The part of :meth:`CheckpointManager.save` that reads the state, on a
+    """The part of `CheckpointManager.save()` that reads the state, on a
     tf.distribute worker that does not write: the same variables read in the
     same order (joining the writer's all-reduces), written to a temporary
     local folder that is removed at once."""

@@ -41,7 +41,7 @@ class TrainConfig:
             validation pass off).
         max_side: For a DataFrame input, the longest side its images are
             stored at (pre-resized shards, which decode faster every epoch:
-            :class:`dist_dl.prepare.ShardConfig`); None (default) keeps
+            `dist_dl.prepare.ShardConfig`); None (default) keeps
             their size. Shards given by location are read as written (their
             encoding is logged as the run's ``data.*`` parameters).
 
@@ -65,7 +65,7 @@ class TrainConfig:
             keras-team/keras#20585); every BatchNormalization layer is made
             synchronized (Keras 3 would let its moving statistics drift apart
             per worker), and mixed precision's overflow check is agreed by
-            all workers (see :mod:`dist_dl.train.engines.keras3`).
+            all workers (see `dist_dl.train.engines.keras3`).
             ``engine="auto"`` picks tf.distribute for it.
         backend: ``"spark"``: Spark tasks (``HorovodRunner(np=num_workers)``);
             ``"local"``: processes on the driver machine (``np=-num_workers``);
@@ -110,7 +110,7 @@ class TrainConfig:
         reader_threads: Parquet reader threads per worker.
         reader: ``"auto"`` (default: Petastorm where it imports, else the
             arrow reader), ``"petastorm"`` or ``"arrow"`` (pyarrow alone);
-            see :class:`dist_dl.read.ReaderConfig`.
+            see `dist_dl.read.ReaderConfig`.
         cache_dir: Local folder to cache each worker's shard after the first epoch.
         decode: Where the torch engine decodes JPEGs: ``"cpu"`` (default:
             Pillow in threads, the worker's share of the host's cores) or

@@ -4,10 +4,10 @@ Runs on the Spark driver (a notebook, a job, a pipeline). It checks the input
 before any worker starts, turns a DataFrame into image shards once (reusing
 them for the same data), plans the shards per worker, opens the MLflow run,
 launches the workers (``HorovodRunner`` with
-:func:`dist_dl.train.engines.horovod.train`, or ``TFDistributeRunner`` with
-:func:`dist_dl.train.engines.tf_distribute.train`; locally or on Spark),
+`dist_dl.train.engines.horovod.train()`, or ``TFDistributeRunner`` with
+`dist_dl.train.engines.tf_distribute.train()`; locally or on Spark),
 retries a failed attempt from the last checkpoint, and returns a
-:class:`TrainedModel`.
+`TrainedModel`.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class TrainedModel:
         model_uri: ``runs:/<run_id>/model``: ``mlflow.pyfunc.load_model(model_uri)``
             (with the run's tracking URI) scores a pandas DataFrame of encoded images.
         tracking_uri: The MLflow tracking URI the run is in.
-        registered_model_name, registered_version: The registry entry, if registered.
+        registered_model_name: The registered model's name, if registered.
+        registered_version: Its version this run registered, if registered.
         history: Metric name -> one value per epoch this run trained, in
             order: epochs ``initial_epoch + 1`` to the last (training ``loss``
             and ``accuracy`` averaged over workers, ``val_loss`` and
@@ -57,7 +58,8 @@ class TrainedModel:
         initial_epoch: Epochs already done when this run started (resumed
             from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
         num_workers: Workers that trained it.
-        classes: Number of classes; ``class_names`` by index.
+        classes: Number of classes.
+        class_names: The classes' names, by index.
         checkpoint_dir: Its checkpoints (a new run pointed there resumes).
         attempts: Attempts it took (1 if nothing failed).
         image_col: The image column ``transform`` reads by default.
@@ -91,7 +93,7 @@ class TrainedModel:
         """Score a Spark DataFrame of encoded images on the executors (a
         pandas UDF per partition), adding the predicted class index and its
         probability (and, with ``probabilities_col``, every class's); see
-        :func:`dist_dl.score.score_dataframe` for ``on_error``."""
+        `dist_dl.score.score_dataframe()` for ``on_error``."""
         with mlflow_target(self.tracking_uri):
             return score_dataframe(df, self.model_uri, image_col=image_col or self.image_col,
                                    prediction_col=prediction_col, probability_col=probability_col,
@@ -100,7 +102,7 @@ class TrainedModel:
 
     def torch_model(self):
         """The trained torch network (float32, eval mode, logits out; its
-        input normalised as :class:`~dist_dl.read.torchdata.Normalize`
+        input normalised as `Normalize`
         does), loaded from the run's ``pytorch_model`` (MLflow's pytorch
         flavour)."""
         if self.engine != "torch":
@@ -137,14 +139,14 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
         data: A Spark DataFrame with an encoded-image column (bytes, or paths
             such as ``binaryFile``'s) and a label column (names or indexes),
             or the location of image shards written by
-            :func:`dist_dl.prepare.prepare_image_dataset` (a Parquet folder or
+            `dist_dl.prepare.prepare_image_dataset()` (a Parquet folder or
             a Delta table). A DataFrame is written to shards under
             ``<output_dir>/shards/<fingerprint>`` once: a later call with the
             same data (the same plan over the same input files: names, sizes,
             modification times) and settings reuses them. A DataFrame of
             in-memory data (``createDataFrame``) has nothing that identifies
             it across calls and is written each time.
-        config: A :class:`TrainConfig` (e.g. the ``train`` section of a
+        config: A `TrainConfig` (e.g. the ``train`` section of a
             ``conf/*.yaml`` file); ``settings`` override its fields.
         validation: Validation data, of the same kind as ``data``. Default:
             for a DataFrame, ``validation_fraction`` of its rows (0: no
@@ -163,12 +165,12 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             warning for one release.
         run_name: Name of the MLflow run (default: the model's name).
         registered_model_name: Also register the model under this name.
-        **settings: Any :class:`TrainConfig` field, e.g. ``num_workers=4,
+        **settings: Any `TrainConfig` field, e.g. ``num_workers=4,
             epochs=10, batch_size=64, learning_rate=0.025, label_col="y",
             engine="tensorflow"``.
 
     Returns:
-        The :class:`TrainedModel`.
+        The `TrainedModel`.
 
     Raises:
         ValueError: Bad settings or input, found on the driver before any

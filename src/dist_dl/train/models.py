@@ -3,7 +3,7 @@
 A builder takes ``(input_shape, classes)`` and returns an uncompiled Keras
 model with logits as output (no softmax), so the loss, mixed precision and
 the probability layer are applied in one place by the training loop and the
-logged model. :func:`build_classifier` puts the pixel normalisation in front
+logged model. `build_classifier()` puts the pixel normalisation in front
 of it: the readers hand the workers uint8 pixels.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def build_model(model: str | Callable, input_shape: tuple[int, int, int], classe
 def pixel_normalization(reader):
     """A Keras layer taking pixels (uint8, or float holding 0-255 values) to
     the normalised image that ``reader`` (a
-    :class:`~dist_dl.read.ReaderConfig`) makes with ``normalize=True``: the
+    `ReaderConfig`) makes with ``normalize=True``: the
     first layer of a model fed by a reader that ends at uint8. Computed in
     float32 whatever the precision policy; the network after it casts."""
     from dist_dl.read.augment import normalization
@@ -109,7 +109,7 @@ def pixel_normalization(reader):
 
 def build_classifier(model: str | Callable, reader, classes: int, *, mixed: bool = False):
     """The Keras model the TensorFlow engines train and log: pixels in,
-    :func:`pixel_normalization`, the network (:func:`build_model`), logits out.
+    `pixel_normalization()`, the network (`build_model()`), logits out.
 
     Its input is float32 holding pixel values 0-255; the reader's uint8
     batches are cast to it inside the training step (on the device), and a
@@ -119,7 +119,7 @@ def build_classifier(model: str | Callable, reader, classes: int, *, mixed: bool
     Args:
         model: A registry name or a builder ``(input_shape, classes) -> keras.Model``
             (the builder's model takes normalised float images).
-        reader: The :class:`~dist_dl.read.ReaderConfig` the data is read
+        reader: The `ReaderConfig` the data is read
             with: its image size and normalisation.
         classes: Number of classes.
         mixed: Mixed precision: the logits are cast to float32 (a float16

@@ -1,10 +1,10 @@
-"""Model registry of the torch engine: the names of :mod:`dist_dl.train.models`,
+"""Model registry of the torch engine: the names of `dist_dl.train.models`,
 built as ``torch.nn.Module``s. Runs inside each worker.
 
 A builder takes ``(input_shape, classes)`` (``input_shape`` as the Keras
 registry gives it, ``(height, width, channels)``) and returns a module that
 maps float ``[batch, channels, height, width]`` images to logits ``[batch,
-classes]`` (no softmax): the training loop puts :class:`~dist_dl.read.torchdata.Normalize`
+classes]`` (no softmax): the training loop puts `Normalize`
 in front of it, and the loss and the logged model's softmax come after it.
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ class WarmupScaledRates:
     ``total_epochs`` a half-cosine decay to 0 at ``total_epochs *
     steps_per_epoch``. In plain Python: ``rates(step)`` is the rate at
     ``step`` (the torch engine sets its optimizer's rate from it, step by
-    step); :class:`WarmupScaledSchedule` is the same curve as a Keras
+    step); `WarmupScaledSchedule` is the same curve as a Keras
     schedule, computed in its graph.
 
     Args:
@@ -107,7 +107,7 @@ def _define_schedule():
 
     class WarmupScaledSchedule(keras.optimizers.schedules.LearningRateSchedule,
                                WarmupScaledRates):
-        """:class:`WarmupScaledRates` as a Keras learning-rate schedule: the
+        """`WarmupScaledRates` as a Keras learning-rate schedule: the
         same arguments and curve, computed in the optimizer's graph from its
         step."""
 

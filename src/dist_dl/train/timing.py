@@ -35,8 +35,8 @@ def input_levers(*, gpu_decode: bool = True) -> list[str]:
 
 def input_bound_message(fraction: float, *, gpu_decode: bool, decode: str | None = None) -> str:
     """What a worker says when it waited for its input for ``fraction`` of
-    the training steps' time (above :data:`INPUT_BOUND`), with the levers
-    (``gpu_decode``: as for :func:`input_levers`; ``decode``: the torch
+    the training steps' time (above `INPUT_BOUND`), with the levers
+    (``gpu_decode``: as for `input_levers()`; ``decode``: the torch
     engine's setting, named in the message)."""
     setting = f" (decode={decode!r})" if decode is not None else ""
     return (f"input-bound: rank 0 waited for its next batch {fraction:.0%} of the training "
@@ -46,7 +46,7 @@ def input_bound_message(fraction: float, *, gpu_decode: bool, decode: str | None
 
 class InputBoundWarning:
     """Calls ``warn(fraction)`` the first time an epoch's input-wait fraction
-    is above :data:`INPUT_BOUND`: once per attempt (one per training loop)."""
+    is above `INPUT_BOUND`: once per attempt (one per training loop)."""
 
     def __init__(self, warn):
         self._warn = warn
@@ -59,9 +59,9 @@ class InputBoundWarning:
 
 
 def input_wait_fraction(waits, times: "StepTimes") -> float | None:
-    """The share of the timed steps' time (see :meth:`StepTimes.rate`: from
+    """The share of the timed steps' time (see `StepTimes.rate()`: from
     the first step's end) spent waiting for batches, from ``waits`` (an
-    :class:`~dist_dl.read.dataset.InputWaits`); None without timed steps."""
+    `InputWaits`); None without timed steps."""
     if times.rate(1) is None:
         return None
     start, end = times.wall[0], times.wall[-1]
@@ -114,16 +114,16 @@ def step_timer(images_per_step: int, logs_prefix: str | None = "train_", *, wait
                warn=None):
     """A Keras callback that times every epoch's training steps.
 
-    At each epoch's end it appends the epoch's :meth:`StepTimes.rate` and
-    :meth:`StepTimes.cpu_per_second` to ``.rates`` and ``.cpu``, and (unless
+    At each epoch's end it appends the epoch's `StepTimes.rate()` and
+    `StepTimes.cpu_per_second()` to ``.rates`` and ``.cpu``, and (unless
     ``logs_prefix`` is None) puts them in the epoch's logs as
     ``<prefix>images_per_second`` and ``<prefix>cpu_per_second``. ``.times``
     holds the current epoch's step ends.
 
-    With ``waits`` (the :class:`~dist_dl.read.dataset.InputWaits` of the
+    With ``waits`` (the `InputWaits` of the
     training data) it also logs ``<prefix>input_wait_fraction``, the share of
     the same steps' time spent waiting for the next batch, and the first
-    epoch where that is above :data:`INPUT_BOUND` calls ``warn`` (if given)
+    epoch where that is above `INPUT_BOUND` calls ``warn`` (if given)
     with it.
     """
     keras = compat.keras()

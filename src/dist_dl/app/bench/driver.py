@@ -22,7 +22,7 @@ through the same reader, and times the same training steps (after
   library against the plain recipe (``cfg.peer``);
 - ``reader_alone``: the same reader on one worker's shard, nothing else
   (``cfg.reader_check``): ``reader_alone / (dist / num_workers)`` says whether
-  reading and decoding keep up with training (:func:`input_verdict`);
+  reading and decoding keep up with training (`input_verdict()`);
 - any ``variants``: ``dist`` with some settings changed (the levers);
 - ``tf_peer``, when a variant trains with ``engine="tensorflow"``
   (tf.distribute's MultiWorkerMirroredStrategy): TensorFlow's own
@@ -40,7 +40,7 @@ gives medians and ranges of the per-round ratios: on a shared machine the
 same process can run at half speed minutes later.
 
 Beside throughput, each run records where its workers' CPU went over the
-timed steps (:class:`CpuSampler`): the busiest thread of each worker (with
+timed steps (`CpuSampler`): the busiest thread of each worker (with
 one TensorFlow thread per worker, the compute) against all its other threads
 (input pipeline; in the distributed setups also Horovod's background thread
 and Gloo's socket loop, whose time is mostly system time on loopback).
@@ -48,7 +48,7 @@ and Gloo's socket loop, whose time is mostly system time on loopback).
 The report also gives images/s per device (per GPU on a GPU machine, per
 worker on CPU), in the terms of Horovod's synthetic benchmark, so that
 figures compare with published ones. With ``cfg.results`` set, the headline
-ratios go into a shared results file (:func:`publish_results`): merged into
+ratios go into a shared results file (`publish_results()`): merged into
 ``benchmarks/results.json`` (or wherever it points), drawn as a PNG beside
 it, and logged with it to MLflow.
 """
@@ -103,7 +103,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         {ratio: {"median", "min", "max"}}, "input": input_verdict(...) or
         None, "horovod": what the peer's workers ran with, "config": ...}``;
         also written to ``cfg.output`` as JSON when set, and its headline
-        ratios merged into ``cfg.results`` (:func:`publish_results`).
+        ratios merged into ``cfg.results`` (`publish_results()`).
     """
     from dist_dl.launch import HorovodRunner, TFDistributeRunner
     from dist_dl.prepare import make_synthetic_images

@@ -1,6 +1,6 @@
 """The benchmark's setups as training functions: plain Keras, Horovod's and
 tf.distribute's own recipes, and the reader alone. They run in the workers
-(or in a process of their own) that :mod:`dist_dl.app.bench.driver` starts."""
+(or in a process of their own) that `dist_dl.app.bench.driver` starts."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """What the benchmark records beside throughput: memory peaks and where each
-worker's CPU went (:class:`CpuSampler`), and the time of each training step
-(:class:`StepRecorder`)."""
+worker's CPU went (`CpuSampler`), and the time of each training step
+(`StepRecorder`)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ def machine_busy_seconds() -> float:
 
 
 class _Sampler:
-    """A background thread that calls :meth:`_sample` every ``interval``
+    """A background thread that calls `_sample()` every ``interval``
     seconds (and once at the start) while the ``with`` block runs."""
 
     def __init__(self, interval: float, name: str):
@@ -59,7 +59,7 @@ class MemoryPeaks(_Sampler):
     Attributes:
         peaks: ``{pid: (command, peak RSS in bytes)}``.
         peak_total: Largest sum, over one sample, of the RSS of the
-            processes :meth:`kind` puts in each kind: ``{kind: bytes}``.
+            processes `kind()` puts in each kind: ``{kind: bytes}``.
     """
 
     def __init__(self, interval: float = 0.2):
@@ -104,7 +104,7 @@ class CpuSampler(_Sampler):
     and on Spark the JVM and its Python workers), read through psutil every
     ``interval`` seconds by a background thread while the ``with`` block runs.
 
-    :meth:`window` turns two samples into CPU seconds per wall second, per
+    `window()` turns two samples into CPU seconds per wall second, per
     process and thread, on the ``time.perf_counter`` clock (the clock of
     ``StepTimes``: on Linux one monotonic clock for every process).
     """
@@ -145,7 +145,7 @@ class CpuSampler(_Sampler):
                 if start <= began and ended <= end]
 
     def span(self, start: float, end: float) -> float:
-        """Seconds that :meth:`window` covers (0.0 when it gives None)."""
+        """Seconds that `window()` covers (0.0 when it gives None)."""
         inside = self._inside(start, end)
         return inside[-1][0] - inside[0][0] if len(inside) >= 2 else 0.0
 
@@ -173,7 +173,7 @@ class CpuSampler(_Sampler):
 
 def thread_split(window: dict | None, processes: int) -> dict | None:
     """Where the CPU of the ``processes`` busiest processes of a
-    :meth:`CpuSampler.window` went: ``{"main": ..., "other_user": ...,
+    `CpuSampler.window()` went: ``{"main": ..., "other_user": ...,
     "other_sys": ...}``, medians over those processes of the busiest thread's
     CPU s/s (in a training worker with one TensorFlow thread: the compute) and
     of all its other threads' user and system CPU s/s (input pipeline; with

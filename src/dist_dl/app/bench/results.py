@@ -11,7 +11,11 @@ import tempfile
 
 from dist_dl.core.deprecation import renamed_parameters
 
-__all__ = ["result_entry", "report_entries", "tf_engine_variants", "merge_results", "plot_results", "publish_results", "GOALS"]
+__all__ = ["result_entry", "report_entries", "tf_engine_variants", "merge_results", "plot_results",
+           "results_digest", "publish_results", "GOALS"]
+
+# The PNG's text field that names the results it was drawn from (results_digest).
+PLOT_DIGEST_KEY = "Description"
 
 # Goals of the headline ratios (issues 4-16): what the PNG draws them against.
 GOALS = {"overhead": 0.95, "scaling": 0.85, "scaling_vs_peer": 1.0, "input_headroom": 1.0,
@@ -150,6 +154,15 @@ def merge_results(path: str, entries: dict, own_prefixes: tuple = ()) -> dict:
         os.close(lock)
 
 
+def results_digest(results: dict) -> str:
+    """SHA-256 of a results dict's canonical JSON: written into the PNG that
+    draws it, so a test can tell a PNG drawn from other figures."""
+    import hashlib
+
+    text = json.dumps(results, sort_keys=True, separators=(",", ":"))
+    return "dist_dl results sha256 " + hashlib.sha256(text.encode()).hexdigest()
+
+
 def plot_results(results: dict, path: str) -> str:
     """Draw a results file as a PNG at ``path``: images/s per setup (median
     bar, the rounds as dots, min-max whiskers; per device where a setup has
@@ -218,7 +231,7 @@ def plot_results(results: dict, path: str) -> str:
                  else "dist_dl benchmarks", fontsize=11)
     fig.text(0.01, 0.01, "; ".join(machines)[:160], fontsize=7, color="gray")
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={PLOT_DIGEST_KEY: results_digest(results)})
     plt.close(fig)
     return path
 
@@ -227,7 +240,7 @@ def plot_results(results: dict, path: str) -> str:
 def publish_results(path: str, entries: dict, *, log: bool = False,
                     tracking_uri: str | None = None, experiment_name: str | None = None,
                     run_name: str = "benchmark", own_prefixes: tuple = ()) -> dict:
-    """Merge ``entries`` into the results file ``path`` (:func:`merge_results`),
+    """Merge ``entries`` into the results file ``path`` (`merge_results()`),
     redraw its PNG beside it (same name, ``.png``), and with ``log`` log both
     as artifacts of a new MLflow run (``entries``' values as its metrics).
     Returns ``{"results": path, "png": ..., "run_id": ... or None}``."""

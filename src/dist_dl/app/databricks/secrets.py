@@ -5,15 +5,15 @@ Driver side. Secrets never appear in files of the repository, job JSON,
 notebook text, MLflow parameters or logs: job definitions reference them as
 ``{{secrets/<scope>/<key>}}`` (Databricks resolves those into cluster
 environment variables and Spark configuration, and redacts them in logs);
-notebooks and code read them with :func:`read_secret`; the library logs its
+notebooks and code read them with `read_secret()`; the library logs its
 configuration, never its environment (``tests/test_secrets.py`` plants a
 canary token and searches every output of a training run for it). What is
-stored is redacted first (:mod:`dist_dl.core.redact`).
+stored is redacted first (`dist_dl.core.redact`).
 
 Storage (ADLS Gen2): give Spark a SAS token that is scoped to one container
 (or directory) with only the permissions the job needs (read for raw images,
 read-write for shards and runs) and that expires (``se=``), not the storage
-account key, which opens the whole account forever. :func:`use_sas_token`
+account key, which opens the whole account forever. `use_sas_token()`
 sets it for the session and refuses account keys and tokens without an
 expiry or signature; the job definitions set the same three Spark settings
 from the secret scope. On AWS the equivalent is an instance profile (no
@@ -100,7 +100,7 @@ def use_sas_token(spark, account: str, token: str, *, min_validity_hours: float 
     Args:
         spark: The SparkSession.
         account: The storage account name (not a URL).
-        token: The SAS token (from :func:`read_secret`).
+        token: The SAS token (from `read_secret()`).
         min_validity_hours: Refuse a token that expires sooner (a long
             training job would lose its storage half way).
 

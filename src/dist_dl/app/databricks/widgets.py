@@ -66,10 +66,10 @@ def _convert(name: str, text: str, default: Any) -> Any:
 
 def config_from_widgets(values: Mapping[str, Any], settings: Mapping[str, str], *,
                         config_widget: str = "config", overrides_widget: str = "overrides"):
-    """The :class:`~dist_dl.app.config.PipelineConfig` a notebook's widgets describe.
+    """The `PipelineConfig` a notebook's widgets describe.
 
     Args:
-        values: What :func:`read_widgets` returned.
+        values: What `read_widgets()` returned.
         settings: Widget name -> the ``section.key`` it sets. Widgets left
             blank (None) keep the configuration file's value.
         config_widget: The widget naming the configuration (a shipped name or

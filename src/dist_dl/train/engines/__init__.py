@@ -4,21 +4,21 @@
 =============  ===========================  =====================================
 engine         module                       workers
 =============  ===========================  =====================================
-``horovod``    :mod:`.horovod`              Horovod, Keras 2 ``fit``
-``tensorflow`` :mod:`.tf_distribute`        tf.distribute, Keras 2 ``fit``
-``keras3``     :mod:`.keras3`               tf.distribute, Keras 3, own loop
-``torch``      :mod:`.torch_ddp`            DistributedDataParallel
+``horovod``    `.horovod`              Horovod, Keras 2 ``fit``
+``tensorflow`` `.tf_distribute`        tf.distribute, Keras 2 ``fit``
+``keras3``     `.keras3`               tf.distribute, Keras 3, own loop
+``torch``      `.torch_ddp`            DistributedDataParallel
 =============  ===========================  =====================================
 
 Each module has ``train(spec)``, one attempt on one worker (the
-:class:`~dist_dl.train.engines.core.WorkerSpec` built on the driver), and
+`WorkerSpec` built on the driver), and
 ``runner(cfg, backend, spark)``, the launcher that starts its workers. What
-they share: :mod:`.core` (every engine: the spec, rank 0's MLflow context,
-messages and progress lines to the driver) and :mod:`.keras_common` (the
+they share: `.core` (every engine: the spec, rank 0's MLflow context,
+messages and progress lines to the driver) and `.keras_common` (the
 TensorFlow engines: devices, the model, each rank's data, the schedule,
 validation, callbacks, ``fit`` and the final model's logging). The driver's
 side (the plan, the run, retries, checkpoints' resume) is the same for all
-(:mod:`dist_dl.train.driver`, :mod:`dist_dl.train.attempts`). A new engine is
+(`dist_dl.train.driver`, `dist_dl.train.attempts`). A new engine is
 a module with those two functions and its line in ``ENGINES``.
 
 No engine module imports a framework at import time (the launcher sets a

@@ -1,10 +1,10 @@
 """What every engine's worker shares, whatever its framework: the attempt's
-settings (:class:`WorkerSpec`, built and checked on the driver), rank 0's
+settings (`WorkerSpec`, built and checked on the driver), rank 0's
 MLflow context, progress lines and messages to the driver.
 
 An engine is one module of this package with ``train(spec)`` (one attempt on
 one worker) and ``runner(cfg, backend, spark)`` (its launcher); see
-:mod:`dist_dl.train.engines`. Imports no framework.
+`dist_dl.train.engines`. Imports no framework.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class WorkerSpec:
 def drivers_run(spec: WorkerSpec):
     """Rank 0's MLflow context: the driver's tracking store and registry,
     and the run the driver created as the active run, whose status only the
-    driver sets (see :func:`dist_dl.tracking.target.attached_run`)."""
+    driver sets (see `dist_dl.tracking.target.attached_run()`)."""
     import mlflow
 
     from dist_dl.tracking.target import attached_run

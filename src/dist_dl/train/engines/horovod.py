@@ -2,7 +2,7 @@
 
 Shipped to the workers by the launcher (``HorovodRunner``), which has already
 set this process's threads, visible GPU and default cycle time. One call of
-:func:`train` is one attempt: devices and precision, the model (built
+`train()` is one attempt: devices and precision, the model (built
 once, before Horovod init, so that its size can choose the cycle time), Horovod
 init, the shard of this rank, the scaled and warmed-up learning rate, Horovod's
 DistributedOptimizer, resume from the newest checkpoint (broadcast from rank
@@ -15,7 +15,7 @@ DistributedOptimizer, resume from the newest checkpoint (broadcast from rank
   logged to MLflow (and registered).
 
 All Horovod calls of training live here (and in the launcher); what the
-TensorFlow engines share is in :mod:`dist_dl.train.engines.keras_common`.
+TensorFlow engines share is in `dist_dl.train.engines.keras_common`.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ __all__ = ["train", "runner"]
 
 
 def runner(cfg: TrainConfig, backend: str, spark):
-    """:class:`~dist_dl.launch.HorovodRunner` for ``cfg``'s workers, with its Horovod settings."""
+    """`HorovodRunner` for ``cfg``'s workers, with its Horovod settings."""
     from dist_dl.core.quiet import quiet_env
     from dist_dl.launch import HorovodRunner
 

@@ -9,12 +9,12 @@ way TensorFlow's custom-training guide for the strategy writes them:
 the global batch (``tf.nn.compute_average_loss``, so the all-reduced sum of
 the workers' gradients is the gradient of the global batch), and
 ``optimizer.apply``, which all-reduces them. Everything around the steps is
-the tf.distribute engine's (:mod:`dist_dl.train.engines.keras_common`): the plan, the
+the tf.distribute engine's (`dist_dl.train.engines.keras_common`): the plan, the
 reader, the learning-rate schedule, resume, the exact validation pass, the
 checkpoints, MLflow, TensorBoard and progress, as the same Keras callbacks,
 called by a ``keras.callbacks.CallbackList`` at the points ``fit`` calls them
 (the user's ``callbacks`` too). This process's Keras is Keras 3
-(``DIST_DL_KERAS=3``, see :mod:`dist_dl.core.compat`), so the library's code
+(``DIST_DL_KERAS=3``, see `dist_dl.core.compat`), so the library's code
 builds, checkpoints (``model.keras``) and logs Keras 3 models here.
 
 Two things Keras 3 does differently under the strategy, on runtimes 16.4's
@@ -35,7 +35,7 @@ benchmarks/RESULTS.md):
   and the second waits for it forever: training hung in its first step
   (a model with BatchNormalization at the initial scale of 2**15: worker 0's
   check said "overflow", worker 1's "finite"; seen on TensorFlow 2.17 and
-  2.19). Here the check is all-reduced (:func:`agreeing_loss_scale_optimizer`):
+  2.19). Here the check is all-reduced (`agreeing_loss_scale_optimizer()`):
   a step is skipped on every worker when any worker overflows, as one
   process on the global batch would skip it. Related upstream:
   keras-team/keras#18666 (the same optimizer under MirroredStrategy).
@@ -58,8 +58,8 @@ __all__ = ["train", "runner", "synchronize_batch_norm", "agreeing_loss_scale_opt
 
 
 def runner(cfg: TrainConfig, backend: str, spark):
-    """:class:`~dist_dl.launch.TFDistributeRunner` whose workers have Keras 3 as
-    tf.keras and as the library's Keras (:mod:`dist_dl.core.compat`), not the
+    """`TFDistributeRunner` whose workers have Keras 3 as
+    tf.keras and as the library's Keras (`dist_dl.core.compat`), not the
     launcher's default tf-keras."""
     from dist_dl.core.quiet import quiet_env
     from dist_dl.launch import TFDistributeRunner

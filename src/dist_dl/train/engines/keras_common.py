@@ -328,7 +328,7 @@ def same_epoch_everywhere(tf, strategy, epoch: int, size: int, checkpoint_dir: s
 
 def sum_over_workers(tf, strategy, value):
     """``value`` (this worker's) summed over all workers: one all-reduce.
-    Each worker has one replica (checked in :func:`start_tf_distribute`)."""
+    Each worker has one replica (checked in `start_tf_distribute()`)."""
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: value), axis=None)
 
 

@@ -1,10 +1,10 @@
 """The training loop inside every tf.distribute worker of ``train_distributed``
-(``engine="tensorflow"``): the counterpart of :mod:`dist_dl.train.engines.horovod`
+(``engine="tensorflow"``): the counterpart of `dist_dl.train.engines.horovod`
 for runtimes without Horovod (Databricks Runtime 16.0 ML and later).
 
-Shipped by :class:`~dist_dl.launch.TFDistributeRunner`, which has set this
+Shipped by `TFDistributeRunner`, which has set this
 worker's ``TF_CONFIG``, threads and visible GPU. One call of
-:func:`train` is one attempt, with the same plan, reader, schedule,
+`train()` is one attempt, with the same plan, reader, schedule,
 checkpoints and MLflow logging as the Horovod worker; what differs is how
 the workers agree:
 
@@ -36,7 +36,7 @@ __all__ = ["train", "runner"]
 
 
 def runner(cfg: TrainConfig, backend: str, spark):
-    """:class:`~dist_dl.launch.TFDistributeRunner` for ``cfg``'s workers (Keras 2 as tf.keras)."""
+    """`TFDistributeRunner` for ``cfg``'s workers (Keras 2 as tf.keras)."""
     from dist_dl.core.quiet import quiet_env
     from dist_dl.launch import TFDistributeRunner
 

@@ -2,20 +2,20 @@
 (``engine="torch"``): PyTorch DistributedDataParallel on the plan, reader,
 schedule, checkpoints and MLflow run of the other engines.
 
-Launched by :class:`~dist_dl.launch.TorchDistributor`, which has set
+Launched by `TorchDistributor`, which has set
 torchrun's variables, this worker's threads, and its GPU (that of its local
-rank). One call of :func:`train` is one attempt:
+rank). One call of `train()` is one attempt:
 
 - ``torch.distributed`` over NCCL on GPUs, Gloo on CPUs; the model built
   with the same seed on every rank and wrapped in ``DistributedDataParallel``
   (which broadcasts rank 0's weights and averages the gradients of every
-  step), with :class:`~dist_dl.read.torchdata.Normalize` as its first layer;
+  step), with `Normalize` as its first layer;
   on GPUs in channels-last memory;
-- this rank's shard through :func:`~dist_dl.read.torchdata.make_loader`
+- this rank's shard through `make_loader()`
   (the rows and transforms of the TensorFlow reader; decoded on the CPU or,
   with ``decode="gpu"``, on the GPU), ``train_steps`` batches per epoch;
 - SGD with momentum at the scaled, warmed-up rate of
-  :class:`~dist_dl.train.schedule.WarmupScaledRates`, set before every step;
+  `WarmupScaledRates`, set before every step;
 - on GPUs autocast to bfloat16 (float16 with a gradient scaler where the GPU
   has no bfloat16); on CPUs float32 (bfloat16 with ``mixed_precision="on"``);
 - per epoch: training loss and accuracy over all ranks' rows, an exact
@@ -24,7 +24,7 @@ rank). One call of :func:`train` is one attempt:
   epoch's metrics in MLflow and a progress line to the driver;
 - resume: rank 0 picks the newest verified checkpoint and every rank loads
   that one, so all continue from the same step;
-- at the end rank 0 logs the model (:mod:`dist_dl.tracking.torch_log`).
+- at the end rank 0 logs the model (`dist_dl.tracking.torch_log`).
 
 Imports no TensorFlow.
 """
@@ -42,8 +42,8 @@ __all__ = ["train", "runner", "torch_uses_gpu", "precision"]
 
 
 def runner(cfg: TrainConfig, backend: str, spark):
-    """:class:`~dist_dl.launch.TorchDistributor` for ``cfg``'s workers, on the
-    GPUs where the cluster has them (:func:`torch_uses_gpu`)."""
+    """`TorchDistributor` for ``cfg``'s workers, on the
+    GPUs where the cluster has them (`torch_uses_gpu()`)."""
     from dist_dl.core.quiet import quiet_env
     from dist_dl.launch import TorchDistributor
 
@@ -318,7 +318,7 @@ def _log_metrics(spec: WorkerSpec, logs: dict, epoch: int) -> None:
 
 def _log_model(spec: WorkerSpec, net, normalize, cfg) -> dict:
     """Rank 0: the trained model into the driver's run (see
-    :mod:`dist_dl.tracking.torch_log`)."""
+    `dist_dl.tracking.torch_log`)."""
     from dist_dl.tracking.torch_log import log_torch_classifier
 
     with drivers_run(spec):
@@ -335,7 +335,7 @@ def _precision_name(dtype) -> str:
 
 class _Progress:
     """Progress lines to the driver (rank 0): every ``every`` seconds and at
-    each epoch's end (:func:`~dist_dl.train.engines.core.progress_text`)."""
+    each epoch's end (`progress_text()`)."""
 
     def __init__(self, rank: int, epochs: int, steps: int, global_batch: int,
                  every: float = 30.0):

@@ -13,11 +13,11 @@ workspace through databricks-sdk. The job files are Jobs API 2.1 JSON (what
 Authentication is databricks-sdk's own: ``DATABRICKS_HOST`` and
 ``DATABRICKS_TOKEN``, or a profile of ``~/.databrickscfg`` (``--profile``).
 
-The wheel: a job file's libraries name :data:`WHEEL_PLACEHOLDER`;
-:func:`deploy` uploads a built wheel as a workspace file and puts its
+The wheel: a job file's libraries name `WHEEL_PLACEHOLDER`;
+`deploy()` uploads a built wheel as a workspace file and puts its
 ``/Workspace/...`` path there. Values a user must set are written
-``<EDIT:what>``; :func:`validate` accepts them (the files are templates) and
-:func:`deploy` refuses to send them.
+``<EDIT:what>``; `validate()` accepts them (the files are templates) and
+`deploy()` refuses to send them.
 
 One module per concern: ``errors`` (errors and results), ``walk`` (where a
 value is in a job dict), ``validation``, ``workspace`` (the client and

@@ -10,10 +10,10 @@ holds the same jobs for ``databricks bundle deploy``::
 Each job has one file per cloud, ``jobs/<job>_<cloud>.json``. What the clouds'
 files share is the top-level resource (a text that differs only by the cloud's
 name says ``${var.cloud}`` or ``${var.cloud_label}``); a field that
-:data:`VARIABLES` names is a variable each cloud's targets set; whatever else
+`VARIABLES` names is a variable each cloud's targets set; whatever else
 differs goes into the cloud's targets, which the Databricks CLI joins with the
-resource. :func:`generate` reads back what it writes and checks that every
-target (:func:`resolve_target`) holds exactly its cloud's files' jobs.
+resource. `generate()` reads back what it writes and checks that every
+target (`resolve_target()`) holds exactly its cloud's files' jobs.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class JobsError(RuntimeError):
 
 
 class JobFileError(JobsError):
-    """A job file has problems (:attr:`problems`, one per line in the message)."""
+    """A job file has problems (`problems`, one per line in the message)."""
 
     def __init__(self, problems: list[Problem], headline: str):
         self.problems = list(problems)

@@ -21,6 +21,7 @@ from typing import Any, Mapping, NamedTuple
 from dist_dl.app.databricks.jobs.errors import JobFileError, Problem
 from dist_dl.app.databricks.jobs.walk import label, round_trip_losses, strings, task_and_field
 from dist_dl.app.steps import STEPS, step_parser
+from dist_dl.core.integrity import KEY_ENV
 
 __all__ = ["WHEEL_PLACEHOLDER", "WHEEL_NAME", "PACKAGE", "ENTRY_POINT", "validate", "load_job",
            "read_job", "edit_markers", "default_job_files"]
@@ -129,6 +130,7 @@ class _Command(NamedTuple):
 
     step: str | None
     engine: str | None = None
+    checkpoint_dir: str | None = None
 
 
 def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> _Command:
@@ -155,15 +157,19 @@ def _check_command(argv: list[str], config_values: Mapping[str, str], add) -> _C
         add(field, f"`dist-dl {' '.join(argv)}` does not parse: "
                    f"{lines[-1] if lines else 'argparse exited'}")
         return _Command(None)
+    # A checkpoint folder given on the command line; the loaded configuration's where it loads.
+    given = [s.partition("=")[2].strip() for s in args.set or []
+             if s.partition("=")[0].strip() == "train.checkpoint_dir"][-1:]
+    checkpoint_dir = given[0] if given and given[0] not in ("", "null", "~") else None
     if any(_REFERENCE.search(a) for a in argv):
         # a reference left unresolved is reported where it is written
-        return _Command(args.command, _known_engine(args))
+        return _Command(args.command, _known_engine(args), checkpoint_dir)
     try:
         config = load_config(PipelineConfig, args.config, parse_overrides(args.set))
     except Exception as exc:  # any configuration error, named by load_config
         add(field, f"the configuration does not load: {exc}")
-        return _Command(args.command, _known_engine(args))
-    return _Command(args.command, config.train.engine)
+        return _Command(args.command, _known_engine(args), checkpoint_dir)
+    return _Command(args.command, config.train.engine, config.train.checkpoint_dir)
 
 
 def _known_engine(args) -> str | None:
@@ -219,7 +225,7 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
                    horovod_tasks: Mapping[str, tuple[str, str]], add) -> None:
     """The cluster's runtime and node types, for the tasks that run on it:
     ``gpu_tasks`` train, ``horovod_tasks`` (task -> why, what else would do;
-    see :func:`_horovod_need`) need Horovod."""
+    see `_horovod_need()`) need Horovod."""
     if not isinstance(cluster, dict):
         add(path, "must be a cluster specification (an object)")
         return
@@ -267,6 +273,24 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
                     f"if it is one, add its family to _GPU_NODE in {Path(__file__).name}")
 
 
+def _check_checkpoint_key(cluster: Any, path: tuple, tasks: list[str], add) -> None:
+    """Tasks that resume from a ``train.checkpoint_dir`` need the checkpoint
+    signing key from a secret scope: a retried task or a repaired run gets a
+    new job cluster, whose driver has a new home and so, without
+    ``DIST_DL_CHECKPOINT_KEY``, a new key that refuses the checkpoints
+    (`dist_dl.core.integrity.checkpoint_key()`)."""
+    if not tasks or not isinstance(cluster, dict):
+        return
+    env = cluster.get("spark_env_vars")
+    value = env.get(KEY_ENV) if isinstance(env, dict) else None
+    if not (isinstance(value, str) and _SECRET_REFERENCE.match(value.strip().strip("{}"))):
+        add(path + ("spark_env_vars", KEY_ENV),
+            f"tasks {', '.join(tasks)} resume from train.checkpoint_dir, whose checkpoints are "
+            f"signed with the driver's key: set {KEY_ENV} here to a secret reference such as "
+            "\"{{secrets/dist_dl/checkpoint-key}}\" (a random value of 16 characters or more), "
+            "or a retried task or repaired run, on a new cluster with a new key, refuses them")
+
+
 def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None = None,
              parameter_values: Mapping[str, str] | None = None) -> list[Problem]:
     """Check a job definition; an empty list means it is fine.
@@ -283,7 +307,10 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     runtime from 13.0 to 17.3 (Scala 2.13 from 17.0), a GPU one for training
     steps, and one that ships Horovod (15.4 or older) for the tasks that need
     it: ``bench``, and
-    ``train`` / ``pipeline`` with ``train.engine`` "horovod".
+    ``train`` / ``pipeline`` with ``train.engine`` "horovod"; the cluster
+    of a ``train`` / ``pipeline`` task with a ``train.checkpoint_dir`` sets
+    ``DIST_DL_CHECKPOINT_KEY`` from a secret scope (so that a retried task
+    or a repaired run, on a new cluster, resumes).
 
     Args:
         job: A job file's path, or the job as a dict.
@@ -337,6 +364,7 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
         add(("tasks",), f"task keys {sorted(map(str, duplicates))} are used more than once")
     gpu_tasks: dict[str, list[str]] = {}  # job cluster -> tasks that train on it
     horovod_tasks: dict[str, dict] = {}  # job cluster -> task -> why it needs Horovod
+    resuming_tasks: dict[str, list[str]] = {}  # job cluster -> tasks with a checkpoint_dir
     for index, task in enumerate(tasks):
         where = ("tasks", label(task, index))
         if not isinstance(task, dict) or not isinstance(task.get("task_key"), str):
@@ -346,10 +374,14 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
         gpu = [task["task_key"]] if command.step in _GPU_COMMANDS else []
         need = _horovod_need(command)
         horovod = {task["task_key"]: need} if need else {}
+        resumes = [task["task_key"]] if command.step in _ENGINE_COMMANDS \
+            and command.checkpoint_dir else []
         gpu_tasks.setdefault(task.get("job_cluster_key"), []).extend(gpu)
         horovod_tasks.setdefault(task.get("job_cluster_key"), {}).update(horovod)
+        resuming_tasks.setdefault(task.get("job_cluster_key"), []).extend(resumes)
         if "new_cluster" in task:
             _check_cluster(task["new_cluster"], where + ("new_cluster",), gpu, horovod, add)
+            _check_checkpoint_key(task["new_cluster"], where + ("new_cluster",), resumes, add)
     _check_cycles(tasks, add)
 
     used_clusters = {t.get("job_cluster_key") for t in tasks if isinstance(t, dict)}
@@ -362,6 +394,8 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
             _check_cluster(entry.get("new_cluster"), where + ("new_cluster",),
                            gpu_tasks.get(cluster_key, []), horovod_tasks.get(cluster_key, {}),
                            add)
+            _check_checkpoint_key(entry.get("new_cluster"), where + ("new_cluster",),
+                                  resuming_tasks.get(cluster_key, []), add)
     return problems
 
 
@@ -545,7 +579,7 @@ def load_job(path: str | os.PathLike, *, parameter_values: Mapping[str, str] | N
 
     Args:
         path: The job file.
-        parameter_values: Job parameter values to validate with (see :func:`validate`).
+        parameter_values: Job parameter values to validate with (see `validate()`).
 
     Returns:
         ``databricks.sdk.service.jobs.JobSettings``.

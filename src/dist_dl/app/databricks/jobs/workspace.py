@@ -1,5 +1,5 @@
 """The workspace side: a databricks-sdk client whose errors say what to set,
-and :func:`deploy`, which uploads a built wheel and creates or updates a job.
+and `deploy()`, which uploads a built wheel and creates or updates a job.
 
 Building the wheel is not done here: it is a development task of a source
 checkout (``make wheel``, or ``python -m build --wheel``); ``deploy`` takes
@@ -33,7 +33,7 @@ _BUILD_HELP = "build it in a checkout of dist_dl with `make wheel` (or `python -
 
 def connect(profile: str | None = None):
     """A ``databricks.sdk.WorkspaceClient``; no credentials is an
-    :class:`AuthenticationError` that says what to set."""
+    `AuthenticationError` that says what to set."""
     from databricks.sdk import WorkspaceClient
 
     try:
@@ -108,7 +108,7 @@ def deploy(path: str | os.PathLike, wheel: str | os.PathLike, *,
     The wheel goes to the workspace as a workspace file,
     ``<workspace_dir>/<sha256 prefix>/<wheel name>``: a new path for new
     content, so a run already started keeps the wheel it installed. Its
-    ``/Workspace/...`` path replaces :data:`WHEEL_PLACEHOLDER` in the job.
+    ``/Workspace/...`` path replaces `WHEEL_PLACEHOLDER` in the job.
 
     Args:
         path: The job file (no ``<EDIT:...>`` values left).
