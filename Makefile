@@ -92,7 +92,7 @@ JOBS ?= 3
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-restart 0)
 
 .PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
-        test-repeat reliability-report bench wheel bundle docs clean hosts-tools
+        test-repeat reliability-report bench wheel bundle docs clean hosts-tools docs-tools
 
 install: $(STAMP)
 
@@ -130,10 +130,10 @@ $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 demo: $(STAMP)
 	$(PY) -m dist_dl.cli pipeline --config demo
 
-test: $(STAMP) hosts-tools
+test: $(STAMP) hosts-tools docs-tools
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-test-unit: $(UNIT_STAMP)
+test-unit: $(UNIT_STAMP) docs-tools
 	$(UNIT_PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
@@ -168,6 +168,11 @@ reliability-report: $(STAMP)
 hosts-tools:
 	@command -v ip >/dev/null && command -v nsenter >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || true
+
+# The docs' browser check (tests/unit/test_docs.py) opens every page of the site in
+# Debian's chromium: installed here when missing.
+docs-tools:
+	sh tests/support/install_chromium.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py
