@@ -264,6 +264,13 @@ def _validate(ddp, loader, to_device, autocast, device) -> dict:
     import torch.nn.functional as F
 
     ddp.eval()
+    # DDP hands rank 0's buffers (BatchNorm's running statistics) to every
+    # rank at the start of each training forward pass, so after the epoch's
+    # last step each rank holds those of its own last batch: every rank
+    # validates with rank 0's, the ones checkpointed and logged.
+    with torch.no_grad():
+        for buffer in ddp.module.buffers():
+            dist.broadcast(buffer, 0)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     with torch.no_grad():
         for batch in loader:
