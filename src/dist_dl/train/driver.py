@@ -53,7 +53,9 @@ class TrainedModel:
             validation and checkpointing); with the torch engine also
             ``train_input_wait_fraction``, the share of those steps' time
             rank 0 waited for its next batch: above 0.2 it says so once,
-            with the levers, in its progress lines).
+            with the levers, in its progress lines; and with ``decode="cpu"``
+            ``train_region_decode_rejected``, the images of the epoch the
+            region decoder refused and another decoded whole, all workers).
         initial_epoch: Epochs already done when this run started (resumed
             from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
         num_workers: Workers that trained it.
