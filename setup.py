@@ -59,8 +59,15 @@ setup(
         # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
         # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
         # simplejpeg: the torch loader's JPEG decoder on the CPU
-        # (dist_dl.read.imaging; Pillow where it is missing).
-        "torch": ["torch>=2.0", "simplejpeg>=1.6"],
+        # (dist_dl.read.imaging; Pillow where it is missing). nvimgcodec:
+        # its decoder of a crop's window (CPU backend, no CUDA needed;
+        # wheels for Linux only, simplejpeg elsewhere).
+        "torch": ["torch>=2.0", "simplejpeg>=1.6",
+                  "nvidia-nvimgcodec-cu12>=0.9; platform_system == 'Linux'"],
+        # Mosaic Streaming: dataframe_to_mds writes the MDS datasets the torch
+        # engine reads (dist_dl.read.mds reads them without it, but a
+        # compressed shard needs its decompressor, which streaming brings).
+        "mds": ["mosaicml-streaming>=0.12"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],

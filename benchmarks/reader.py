@@ -21,15 +21,18 @@ then, in interleaved rounds within one process, times on the same shards:
             Parquet cost nothing. The goal is reader >= 0.8 x baseline,
             for each reader;
 - torch:    the torch reader, ``make_loader(url, 0, 1, ...)`` decoding on
-            the CPU in threads (simplejpeg and torch's resize where
-            simplejpeg imports, else Pillow), where torch imports;
+            the CPU in threads (nvimgcodec's region decode, else simplejpeg,
+            and torch's resize; else Pillow: ``imaging.decoder_name()``),
+            where torch imports;
 - eager:    a plain Python loop of ``tf.io.decode_jpeg`` over the same bytes
             (one thread, decode only): the decode limit per core;
 - pillow:   a plain Python loop of Pillow's decode + random resized crop +
             flip (``dist_dl.read.imaging.decode_into`` held to Pillow, one
             thread);
 - simplejpeg: the same loop on decode_into's simplejpeg + torch path,
-            where both import.
+            where both import;
+- region:   the same loop on decode_into's nvimgcodec region decode +
+            torch path, where nvimgcodec imports.
 
 Before the rounds, the cost of reading the shards themselves: one file of
 them rewritten by pyarrow in four layouts (Snappy or none, with or without
@@ -166,25 +169,30 @@ def main(argv=None):
 
     from dist_dl.read import imaging
 
-    fast_path = imaging._fast_path
+    fast_path, region_decoder = imaging._fast_path, imaging._region_decoder
 
     class _Pillow:
-        fast = False
+        fast = region = False
 
         def __next__(self):
             draws = crop_draws(pillow_rng, args.batch_size)
             # decode_into picks its implementation per image through
-            # imaging._fast_path: held to Pillow's here, unless timing the other.
+            # imaging._fast_path and imaging._region_decoder: held to one here.
             imaging._fast_path = fast_path if self.fast else (lambda: None)
+            imaging._region_decoder = region_decoder if self.region else (lambda: None)
             try:
                 for i, b in enumerate(jpegs[:args.batch_size]):
                     decode_into(pillow_out, b, config, draws[i], bool(i % 2))
             finally:
-                imaging._fast_path = fast_path
+                imaging._fast_path, imaging._region_decoder = fast_path, region_decoder
 
     class _Simplejpeg(_Pillow):
         fast = True
 
+    class _Region(_Pillow):
+        fast = region = True
+
+    has_region = fast_path() is not None and region_decoder() is not None
     torch_loader = _torch_reader(url, config, args.batch_size)
     def normalised():
         chosen = dataclasses.replace(config, reader=auto, normalize=True)
@@ -199,7 +207,8 @@ def main(argv=None):
         # Rotate which pipeline goes first, so none always runs on a cold or warm machine.
         order = (pipelines[r % len(pipelines):] + pipelines[:r % len(pipelines)]
                  + [("eager", _Eager), ("pillow", _Pillow)]
-                 + ([("simplejpeg", _Simplejpeg)] if fast_path() is not None else []))
+                 + ([("simplejpeg", _Simplejpeg)] if fast_path() is not None else [])
+                 + ([("region", _Region)] if has_region else []))
         row = {}
         for name, it in order:
             row[name], row[name + "_cpu"] = _rate(it, args.warmup, args.batches, args.batch_size)
@@ -228,6 +237,8 @@ def main(argv=None):
         "pillow_per_cpu_s": round(med("pillow_per_cpu_s"), 1),
         **({"simplejpeg_per_cpu_s": round(med("simplejpeg_per_cpu_s"), 1)}
            if fast_path() is not None else {}),
+        **({"region_per_cpu_s": round(med("region_per_cpu_s"), 1)} if has_region else {}),
+        "torch_decoder": imaging.decoder_name(),
         "baseline_cpu_per_s": round(med("baseline_cpu"), 2),
         "baseline_per_cpu_s": round(med("baseline_per_cpu_s"), 1),
     }
@@ -271,11 +282,17 @@ def main(argv=None):
             entries[f"reader_per_core{suffix}"] = result_entry(
                 [r[name + "_per_cpu_s"] for r in rounds], reader=reader_name, output=pixels,
                 **images)
+            decoder = {"decoder": summary["torch_decoder"]} if name == "torch" else {}
             entries[f"reader_vs_decode{suffix}"] = result_entry(
                 [r[name + "_vs_decode"] for r in rounds], goal=0.8, reader=reader_name,
                 output=pixels,
                 decode_images_per_cpu_second=summary["eager_decode_per_cpu_s"],
-                pillow_images_per_cpu_second=summary["pillow_per_cpu_s"], **images)
+                pillow_images_per_cpu_second=summary["pillow_per_cpu_s"], **decoder, **images)
+        # The decode loops per CPU-second against the decode-only loop's, by decoder.
+        for name in ("pillow", "simplejpeg", "region"):
+            if name + "_per_cpu_s" in rounds[0]:
+                entries[f"decode_vs_decode.{name}"] = result_entry(
+                    [r[name + "_per_cpu_s"] / r["eager_per_cpu_s"] for r in rounds], **images)
         for layout, micros in layouts.items():
             entries[f"parquet_read_us_per_image.{layout}"] = result_entry(
                 [micros], **images)

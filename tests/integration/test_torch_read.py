@@ -183,6 +183,57 @@ def test_eval_transform_matches_the_tensorflow_reader_within_the_stated_toleranc
 
 
 @pytest.mark.timeout(120)
+def test_the_region_decoder_gives_tensorflows_decode_and_crop_pixels():
+    """nvimgcodec's decode of a crop's window against TensorFlow's
+    ``decode_and_crop_jpeg`` of the same window, both resized alike, on the
+    evaluation window and on train crops; a JPEG it refuses goes on to the
+    whole-image decoders."""
+    tf = pytest.importorskip("tensorflow", reason=NEEDS_TF)
+    pytest.importorskip("nvidia.nvimgcodec", reason="nvimgcodec is not installed (the `torch` "
+                                                    "extra installs it on Linux)")
+    from dist_dl.read import imaging
+    from dist_dl.read.augment import eval_window
+    from dist_dl.read.imaging import crop_draws, decode_into, train_window
+
+    assert imaging.decoder_name().startswith("nvimgcodec")
+    rng = np.random.default_rng(1)
+    compared = 0
+    for size in (224, 128):
+        config = ReaderConfig(image_size=size)
+        for jpeg in _photographs():
+            shape = tf.io.extract_jpeg_shape(jpeg).numpy()
+            for draws in (None, *crop_draws(rng, 2)):
+                window = (eval_window(shape[0], shape[1], config) if draws is None
+                          else train_window(shape[0], shape[1], draws, config))
+                if imaging._dct_factor(shape[0], shape[1], window[2], window[3], size) > 1:
+                    continue  # a scaled decode: Pillow's path, not this one
+                ours = np.zeros((size, size, 3), np.uint8)
+                assert decode_into(ours, jpeg, config, draws) == "region"
+                crop = tf.io.decode_and_crop_jpeg(jpeg, list(window), channels=3)
+                theirs = tf.image.resize(crop, [size, size], method="bilinear",
+                                         antialias=True).numpy()
+                # The stated tolerance, in levels of 0..255: mean below 0.5, 99th
+                # percentile below 1.5 (measured on these images: as simplejpeg's,
+                # the resizes' rounding; the decoded windows themselves differ
+                # only at their edges, by chroma upsampling across the window's
+                # border).
+                error = np.abs(ours.astype(np.float64) - theirs)
+                assert error.mean() < 0.5 and np.percentile(error, 99) < 1.5, \
+                    (size, window, error.mean())
+                compared += 1
+    assert compared >= 30, compared
+    # A JPEG cut off inside the window: refused by the region decoder, then
+    # decoded whole by simplejpeg (refused too: strict) and Pillow, whose
+    # error is the one raised.
+    jpeg = _photographs()[0]
+    cut = jpeg[:len(jpeg) // 2]
+    assert imaging._decode_region(imaging._region_decoder(), imaging._fast_path()[1], cut, 224,
+                                  ReaderConfig(), None) is imaging._REJECTED
+    with pytest.raises(OSError, match="truncated"):
+        decode_into(np.zeros((224, 224, 3), np.uint8), cut, ReaderConfig())
+
+
+@pytest.mark.timeout(120)
 def test_simplejpeg_and_torch_give_pillows_pixels_and_are_the_path_taken(monkeypatch):
     simplejpeg = pytest.importorskip(
         "simplejpeg", reason="simplejpeg is not installed (the `torch` extra installs it)")
@@ -196,6 +247,7 @@ def test_simplejpeg_and_torch_give_pillows_pixels_and_are_the_path_taken(monkeyp
     out = io.BytesIO()
     Image.fromarray(load_sample_images().images[0]).convert("L").save(out, "JPEG", quality=90)
     jpegs.append(out.getvalue())   # a grayscale JPEG comes out RGB on both paths
+    monkeypatch.setattr(imaging, "_region_decoder", lambda: None)  # simplejpeg's path
     decoded, real = [], simplejpeg.decode_jpeg
     monkeypatch.setattr(simplejpeg, "decode_jpeg",
                         lambda *a, **k: decoded.append(1) or real(*a, **k))

@@ -5,13 +5,15 @@ and Petastorm 0.13.1 does not import with pyarrow 16 or later). It uses only
 ``pyarrow.parquet.ParquetFile`` and ``read_row_group``, stable from pyarrow
 10 to 19. The row groups, their numbering and their assignment to ranks come
 from `dist_dl.read.plan`, as for the Petastorm reader, so both readers
-give a rank the same rows.
+give a rank the same rows. The shards of an MDS dataset
+(`dist_dl.read.mds`) are read here too, a shard as a row group.
 """
 from __future__ import annotations
 
 import collections
 from concurrent.futures import ThreadPoolExecutor
 
+from dist_dl.read.mds import MdsShard, read_mds_shard
 from dist_dl.read.plan import rank_row_groups, row_groups
 from dist_dl.read.resolve import parquet_file
 
@@ -69,6 +71,8 @@ class ArrowShard:
         import numpy as np
 
         url, index, _ = group
+        if isinstance(url, MdsShard):
+            return read_mds_shard(url)
         meta = self._footers[url]
         names = meta.schema.to_arrow_schema().names
         columns = [c for c in _COLUMNS if c in names]

@@ -17,8 +17,19 @@ bilinear and averages over the whole footprint when it shrinks
 differ slightly from the TensorFlow reader's (measured in
 tests/integration/test_torch_read.py).
 
-Two implementations of the same transform, chosen per image:
+Three implementations of the same transform, chosen per image:
 
+- where nvimgcodec (``nvidia-nvimgcodec-cu12``: NVIDIA's image codec
+  library, whose CPU backend is libjpeg-turbo; no CUDA needed) and torch
+  import (the ``torch`` extra installs both), a JPEG crop decoded at full
+  scale is decoded by nvimgcodec, only the crop's window (as TensorFlow's
+  ``decode_and_crop_jpeg``: libjpeg's skipped scanlines and cropped
+  scanlines), with the fast integer IDCT, and resized by torch as below: the
+  same pixels as TensorFlow's decode of the window resized with
+  antialiasing, within the resizes' rounding
+  (tests/integration/test_torch_read.py). A JPEG it refuses (truncated,
+  CMYK, ...) is decoded whole by the next path; `decode_into()` says
+  which ran;
 - where simplejpeg and torch import (the ``torch`` extra installs both), a
   JPEG decoded at full scale is decoded by simplejpeg (libjpeg-turbo,
   straight into a numpy array, with the fast integer IDCT that
@@ -33,8 +44,8 @@ Two implementations of the same transform, chosen per image:
   JPEG simplejpeg refuses, or no simplejpeg), Pillow decodes (draft mode)
   and resizes (its bilinear filter).
 
-Both release the GIL while they decode and resize, so threads decode in
-parallel. Imports numpy, and Pillow, simplejpeg and torch where used.
+All release the GIL while they decode and resize, so threads decode in
+parallel. Imports numpy, and nvimgcodec, Pillow, simplejpeg and torch where used.
 """
 from __future__ import annotations
 
@@ -43,7 +54,8 @@ import math
 
 from dist_dl.read.augment import CROP_ATTEMPTS, MIN_OBJECT_COVERED, ReaderConfig, eval_window
 
-__all__ = ["train_window", "crop_draws", "decode_into", "DRAWS_PER_ATTEMPT"]
+__all__ = ["train_window", "crop_draws", "decode_into", "decoder_name", "DRAWS_PER_ATTEMPT",
+           "DECODERS"]
 
 # Uniform numbers in [0, 1) one crop attempt uses: aspect ratio, height, top, left.
 DRAWS_PER_ATTEMPT = 4
@@ -108,7 +120,7 @@ def train_window(height: int, width: int, draws, config: ReaderConfig):
     return 0, 0, height, width
 
 
-def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool = False) -> None:
+def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool = False) -> str:
     """Decode ``jpeg``, crop, resize to ``out``'s size and write the RGB pixels
     into ``out`` (a uint8 ``[size, size, 3]`` array or view).
 
@@ -116,17 +128,32 @@ def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool =
         draws: The train crop's uniforms (`train_window()`); None: the
             evaluation crop.
         flip: Flip left-right.
+
+    Returns:
+        The decoder that ran (one of `DECODERS`): ``"region"``
+        (nvimgcodec decoded only the window), ``"region_rejected"`` (it
+        refused this JPEG: a truncated, CMYK or otherwise unusual file, then
+        decoded whole by simplejpeg or Pillow), ``"simplejpeg"`` or
+        ``"pillow"``.
     """
     size = out.shape[0]
     fast = _fast_path()
+    rejected = False
     if fast is not None and jpeg[:3] == _JPEG_MAGIC:
+        region = _region_decoder()
+        if region is not None:
+            pixels = _decode_region(region, fast[1], jpeg, size, config, draws)
+            if pixels is not None and pixels is not _REJECTED:
+                _write(out, pixels, flip)
+                return "region"
+            rejected = pixels is _REJECTED
         try:
             pixels = _decode_fast(fast, jpeg, size, config, draws)
         except ValueError:  # a JPEG simplejpeg does not take: Pillow's
             pixels = None
         if pixels is not None:
             _write(out, pixels, flip)
-            return
+            return "region_rejected" if rejected else "simplejpeg"
     import numpy as np
     from PIL import Image
 
@@ -148,6 +175,7 @@ def decode_into(out, jpeg: bytes, config: ReaderConfig, draws=None, flip: bool =
         box = (left * scale, top * scale, (left + crop_w) * scale, (top + crop_h) * scale)
         pixels = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     _write(out, pixels, flip)
+    return "region_rejected" if rejected else "pillow"
 
 
 def _write(out, pixels, flip: bool) -> None:
@@ -173,6 +201,96 @@ def _write(out, pixels, flip: bool) -> None:
 
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+
+# What decode_into says it ran.
+DECODERS = ("region", "region_rejected", "simplejpeg", "pillow")
+
+# _decode_region's answer for a JPEG the region decoder refuses.
+_REJECTED = "rejected"
+
+# Set once nvimgcodec failed to import or make a decoder here (as _NO_FAST_PATH).
+_NO_REGION: set = set()
+
+
+def decoder_name() -> str:
+    """The decoder `decode_into()` takes here for a JPEG crop decoded at
+    full scale, in words (a run logs it)."""
+    fast = _fast_path()
+    if fast is not None and _region_decoder() is not None:
+        return "nvimgcodec (libjpeg-turbo, only the crop's window decoded)"
+    if fast is not None:
+        return "simplejpeg (libjpeg-turbo, the whole image decoded)"
+    return "Pillow (the whole image decoded)"
+
+
+def _region_decoder():
+    """``(nvimgcodec, this thread's Decoder, its DecodeParams)``, or None where
+    nvimgcodec cannot decode here.
+
+    One ``Decoder`` per thread, made on the thread's first image and kept on
+    the thread object: one decoder shared by threads fails (errors, and
+    ``decode`` returning None). Not kept in this module: it travels by value
+    inside logged torch models, and a decoder does not pickle.
+    """
+    if _NO_REGION:
+        return None
+    import threading
+
+    thread = threading.current_thread()
+    found = getattr(thread, "_dist_dl_region_decoder", None)
+    if found is None:
+        try:
+            import os
+
+            # Its log: a refused JPEG is counted by the loader, not printed
+            # by every thread (0: nothing; the import's notes on the GPU
+            # codecs it does not find still print once).
+            os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+            from nvidia import nvimgcodec as nv
+
+            # The CPU backend (libjpeg-turbo, bundled), whether or not the
+            # machine has a GPU: the GPU decodes in decode="gpu". fast_idct:
+            # libjpeg's fast integer IDCT, tf.io.decode_jpeg's default.
+            decoder = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                 backends=[nv.Backend(nv.BackendKind.CPU_ONLY)],
+                                 max_num_cpu_threads=1, options=":fast_idct=1")
+            # EXIF orientation not applied: TensorFlow's decoders ignore it too.
+            params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB,
+                                     sample_format=nv.I_RGB)
+        except Exception:  # not installed, or its library does not load here
+            _NO_REGION.add(True)
+            return None
+        found = (nv, decoder, params)
+        thread._dist_dl_region_decoder = found
+    return found
+
+
+def _decode_region(region, torch, jpeg: bytes, size: int, config: ReaderConfig, draws):
+    """The crop of ``jpeg`` resized to ``size`` (uint8 ``[size, size, 3]``),
+    only the crop's window decoded (nvimgcodec's sub code stream, as
+    TensorFlow's ``decode_and_crop_jpeg``); None where the crop is small
+    enough for a scaled decode (Pillow's path); ``_REJECTED`` where the
+    decoder refuses the file."""
+    import numpy as np
+
+    nv, decoder, params = region
+    try:
+        stream = nv.CodeStream(jpeg)
+        height, width = stream.height, stream.width
+        top, left, crop_h, crop_w = (eval_window(height, width, config) if draws is None
+                                     else train_window(height, width, draws, config))
+        if _dct_factor(height, width, crop_h, crop_w, size) > 1:
+            return None
+        image = decoder.decode(stream.get_sub_code_stream(
+            region=nv.Region(top, left, top + crop_h, left + crop_w)), params=params)
+    except Exception:  # noqa: BLE001 -- any refusal: the whole-image decoders try it
+        return _REJECTED
+    if image is None:
+        return _REJECTED
+    crop = np.asarray(image.cpu())
+    if crop.shape != (crop_h, crop_w, 3) or crop.dtype != np.uint8:
+        return _REJECTED
+    return _resize(torch, np.ascontiguousarray(crop), size)
 
 # Set once simplejpeg or torch failed to import here. Not functools.lru_cache:
 # this module travels by value inside logged torch models (tracking.torch_pyfunc),
@@ -225,7 +343,14 @@ def _decode_fast(fast, jpeg: bytes, size: int, config: ReaderConfig, draws):
     # Copied by numpy, the crop is channels-last for torch (height, width,
     # channel in memory), the layout whose uint8 resize is vectorised and
     # single-threaded; a copy by torch would run on its intra-op threads.
-    crop = np.ascontiguousarray(image[top:top + crop_h, left:left + crop_w])
+    return _resize(torch, np.ascontiguousarray(image[top:top + crop_h, left:left + crop_w]),
+                   size)
+
+
+def _resize(torch, crop, size: int):
+    """A C-contiguous uint8 ``[h, w, 3]`` crop resized to ``[size, size, 3]``
+    (torch's antialiased bilinear filter, channels-last, in pixel order)."""
+    crop_h, crop_w = crop.shape[:2]
     # [1, 3, h, w] over the crop's memory, the batch stride spelled out:
     # unsqueeze(0) gives the new dimension stride 3, and then torch does not
     # take the tensor for channels-last (suggest_memory_format checks every

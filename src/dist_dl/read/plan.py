@@ -52,7 +52,9 @@ def row_groups(files):
     """Every row group of ``files``, in the order both readers number them.
 
     Files in the given order (`resolve_files()` sorts
-    them), each file's row groups in file order: the order Petastorm
+    them), each file's row groups in file order (or, for the shards of an
+    MDS dataset, `mds_shards()`, one row group per
+    shard, without footers): the order Petastorm
     enumerates the row groups of a list of files, read here from the footers
     with pyarrow alone, so it holds where Petastorm is not installed.
 
@@ -62,7 +64,12 @@ def row_groups(files):
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from dist_dl.read.mds import MdsShard
+
     files = list(files)
+    if files and all(isinstance(f, MdsShard) for f in files):
+        # An MDS dataset (dist_dl.read.mds): each shard is one row group.
+        return [(shard, 0, shard.samples) for shard in files], {}
     # Footers are small reads; on remote storage their latency adds up.
     with ThreadPoolExecutor(min(8, max(1, len(files)))) as pool:
         metas = list(pool.map(lambda url: parquet_file(url).metadata, files))
@@ -169,18 +176,23 @@ def plan_shards(url, num_workers: int, batch_size: int, *, version: int | None =
     if rows == 0:
         raise ValueError(f"the dataset {url} has no rows: write some data first")
     if len(groups) < num_workers:
+        fix = (f"ShardConfig(rows_per_row_group<={max(1, rows // num_workers)})" if footers
+               else "a smaller size_limit in dataframe_to_mds's mds_kwargs (MDS: a shard is a "
+                    "row group)")
         raise ValueError(
             f"the dataset has {len(groups)} row groups but there are {num_workers} workers: the "
             f"readers give whole row groups to workers, so each needs at least one. Rewrite it "
-            f"with ShardConfig(rows_per_row_group<={max(1, rows // num_workers)}), or use at most "
-            f"{len(groups)} workers")
+            f"with {fix}, or use at most {len(groups)} workers")
     per_rank = [sum(n for _, _, n in rank_row_groups(groups, r, num_workers))
                 for r in range(num_workers)]
     empty = [r for r, n in enumerate(per_rank) if n == 0]
     if empty:
         raise ValueError(f"ranks {empty} would get only empty row groups ({len(groups)} row "
                          f"groups, {rows} rows): rewrite the dataset without empty row groups")
-    if classes is not None:
+    if classes is not None and footers:
+        # Parquet's label column alone is a few bytes a row; an MDS shard
+        # holds each row's label beside its image, so its labels are not
+        # read here (a label out of range fails in the loss).
         _check_labels(files, classes)
     if policy == "pad":
         steps = math.ceil(max(per_rank) / batch_size)

@@ -40,7 +40,10 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
     Args:
         url: A folder of Parquet files (as written by
             `prepare_image_dataset()`), a Delta table, or
-            a path/URL as accepted by `to_url()`.
+            a path/URL as accepted by `to_url()`. The folder of an MDS
+            dataset (one with ``index.json``) gives its shards instead,
+            with columns ``image`` and ``label``
+            (`mds_shards()`; call that for others).
         version: For a Delta table, the table version to read (default: the
             latest). The files are those of that version exactly, taken from
             the Delta log (files of other versions in the folder are not read).
@@ -51,6 +54,12 @@ def resolve_files(url: str, version: int | None = None) -> list[str]:
     """
     url = to_url(url)
     local = file_path(url)
+    if local is not None and version is None and not os.path.isdir(
+            os.path.join(local, "_delta_log")):
+        from dist_dl.read.mds import is_mds, mds_shards
+
+        if is_mds(local):
+            return mds_shards(local)
     if local is None:
         if version is not None:
             raise ValueError("version= is supported for local (and /dbfs) Delta tables only")

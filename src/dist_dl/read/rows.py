@@ -102,7 +102,8 @@ def rank_passes(files, rank: int, size: int, *, reader: str, threads: int, shuff
     yielding ``(images, labels, source_ids)`` chunks.
 
     Args:
-        files: The plan's Parquet file URLs.
+        files: The plan's Parquet file URLs, or the shards of an MDS
+            dataset (`mds_shards()`).
         reader: ``"petastorm"`` or ``"arrow"`` (see `choose_reader()`).
         threads: Row groups read in parallel.
         shuffle: Shuffle the row-group order. With the arrow reader each
@@ -110,7 +111,10 @@ def rank_passes(files, rank: int, size: int, *, reader: str, threads: int, shuff
             epoch, the same one in a rerun; ``seed=None`` draws fresh entropy);
             Petastorm's order is not seeded.
     """
-    if reader == "arrow":
+    from dist_dl.read.mds import MdsShard
+
+    if reader == "arrow" or any(isinstance(f, MdsShard) for f in files):
+        # An MDS dataset's shards are read here whichever reader is chosen.
         import numpy as np
 
         from dist_dl.read.arrow import ArrowShard

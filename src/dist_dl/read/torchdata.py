@@ -90,7 +90,9 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
             None draws fresh ones.
         epoch: The first epoch an iteration yields.
         shuffle: Shuffle row groups and rows (default ``training``).
-        decode: ``"cpu"``: simplejpeg (or Pillow) in ``threads`` threads. ``"gpu"``:
+        decode: ``"cpu"``: in ``threads`` threads, nvimgcodec decoding only
+            each crop's window (or, where it does not load, simplejpeg or
+            Pillow decoding the whole image; `decoder_name()`). ``"gpu"``:
             torchvision's JPEG decoder on the CUDA device ``device`` (default
             the current one), the crop, resize and flip there too; needs
             torchvision and a GPU. ``"synthetic"``: no decoding: the same
@@ -174,6 +176,10 @@ class TorchLoader:
     Attributes:
         steps_per_epoch: Batches per epoch (also ``len(loader)``).
         epoch: The epoch the next iteration yields.
+        decoded: Images decoded on the CPU so far, by the decoder that ran
+            (`DECODERS`: ``"region"``,
+            ``"region_rejected"`` for JPEGs the region decoder refused and
+            another decoded whole, ``"simplejpeg"``, ``"pillow"``).
     """
 
     def __init__(self, passes, *, rank, num_workers, batch_size, steps_per_epoch, training,
@@ -189,6 +195,7 @@ class TorchLoader:
         self._pin_memory, self._device = pin_memory, device
         self._synthetic = None
         self._stream = None
+        self.decoded = collections.Counter()
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -257,7 +264,7 @@ class TorchLoader:
 
         for job, source_id in zip(jobs, ids):
             try:
-                job.result()
+                self.decoded[job.result()] += 1
             except Exception as exc:
                 raise ValueError(f"rank {self._rank}: the image of row {source_id!r} does not "
                                  f"decode ({type(exc).__name__}: {exc})") from exc

@@ -54,7 +54,9 @@ class TrainedModel:
             validation and checkpointing); with the torch engine also
             ``train_input_wait_fraction``, the share of those steps' time
             rank 0 waited for its next batch: above 0.2 it says so once,
-            with the levers, in its progress lines).
+            with the levers, in its progress lines; and with ``decode="cpu"``
+            ``train_region_decode_rejected``, the images of the epoch the
+            region decoder refused and another decoded whole, all workers).
         initial_epoch: Epochs already done when this run started (resumed
             from a checkpoint in ``checkpoint_dir``; 0 for a fresh start).
         num_workers: Workers that trained it.
@@ -140,7 +142,10 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             such as ``binaryFile``'s) and a label column (names or indexes),
             or the location of image shards written by
             `dist_dl.prepare.prepare_image_dataset()` (a Parquet folder or
-            a Delta table). A DataFrame is written to shards under
+            a Delta table), or with ``engine="torch"`` the folder of a
+            Mosaic Streaming (MDS) dataset (as ``dataframe_to_mds`` writes
+            it; ``image_col`` and ``label_col`` name its columns, and
+            ``classes`` is needed; `dist_dl.read.mds`). A DataFrame is written to shards under
             ``<output_dir>/shards/<fingerprint>`` once: a later call with the
             same data (the same plan over the same input files: names, sizes,
             modification times) and settings reuses them. A DataFrame of
@@ -478,10 +483,21 @@ def _resolve_inputs(data, validation, cfg: TrainConfig, output_dir: str, spark):
 def _plan(url: str, cfg: TrainConfig, classes: int, what: str):
     from dist_dl.read import choose_reader, plan_shards
 
-    if cfg.reader == "petastorm":
-        choose_reader(cfg.reader)  # missing here: say so before any worker starts
+    from dist_dl.read.mds import is_mds, mds_shards
+
+    if is_mds(url):
+        if cfg.engine != "torch":
+            raise ValueError(f"{what} {url} is a Mosaic Streaming (MDS) dataset, which engine "
+                             "'torch' reads: use engine='torch', or write the data with "
+                             "dist_dl.prepare.prepare_image_dataset")
+        # Its columns are checked here, on the driver, and named where one is missing.
+        files = mds_shards(url, image_col=cfg.image_col, label_col=cfg.label_col)
+    else:
+        files = url
+        if cfg.reader == "petastorm":
+            choose_reader(cfg.reader)  # missing here: say so before any worker starts
     try:
-        return plan_shards(url, cfg.num_workers, cfg.batch_size, classes=classes)
+        return plan_shards(files, cfg.num_workers, cfg.batch_size, classes=classes)
     except ValueError as exc:
         raise ValueError(f"{what} {url}: {exc}") from None
 

@@ -154,6 +154,10 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     initial_epoch, step = _resume(manager, rank, net, optimizer, scaler, device)
     how = "torch, " + ("NCCL on " + torch.cuda.get_device_name(device) if on_gpu else "Gloo on CPU")
     rank0_log(rank, attempt_text(spec, size, initial_epoch, _precision_name(autocast_dtype), how))
+    if cfg.decode == "cpu":
+        from dist_dl.read.imaging import decoder_name
+
+        rank0_log(rank, f"JPEGs decoded on the CPU by {decoder_name()}")
     loader = make_loader(list(spec.train_files), rank, size, cfg.batch_size,
                          training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                          steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
@@ -181,7 +185,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     for epoch in range(initial_epoch, cfg.epochs):
         started = time.perf_counter()
         ddp.train()
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        sums = torch.zeros(4, dtype=torch.float64, device=device)
+        rejected = loader.decoded["region_rejected"]
         times.clear()
         waits.clear()
         loader.set_epoch(epoch)
@@ -206,8 +211,8 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
                 step += 1
                 with torch.no_grad():
                     correct = (logits.argmax(-1) == labels).to(weights.dtype)
-                    sums += torch.stack([(losses.detach() * weights).sum(), (correct * weights).sum(),
-                                         weights.sum()]).double()
+                    sums[:3] += torch.stack([(losses.detach() * weights).sum(),
+                                             (correct * weights).sum(), weights.sum()]).double()
                 progress.step(epoch)
                 # The steps are timed between their ends: on a GPU, the first
                 # and the last when their work is done.
@@ -216,9 +221,13 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
                 times.record()
         finally:
             batches.close()
+        # Images the region decoder refused this epoch (decoded whole instead), all ranks.
+        sums[3] = loader.decoded["region_rejected"] - rejected
         dist.all_reduce(sums)
         logs = {"loss": float(sums[0] / sums[2]), "accuracy": float(sums[1] / sums[2]),
                 "learning_rate": rate(step)}
+        if cfg.decode == "cpu":
+            logs["train_region_decode_rejected"] = float(sums[3])
         images_per_second = times.rate(global_batch)
         if images_per_second is not None:
             logs["train_images_per_second"] = images_per_second
@@ -264,6 +273,13 @@ def _validate(ddp, loader, to_device, autocast, device) -> dict:
     import torch.nn.functional as F
 
     ddp.eval()
+    # DDP hands rank 0's buffers (BatchNorm's running statistics) to every
+    # rank at the start of each training forward pass, so after the epoch's
+    # last step each rank holds those of its own last batch: every rank
+    # validates with rank 0's, the ones checkpointed and logged.
+    with torch.no_grad():
+        for buffer in ddp.module.buffers():
+            dist.broadcast(buffer, 0)
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     with torch.no_grad():
         for batch in loader:
