@@ -36,7 +36,7 @@ CONSTRAINTS  := constraints/$(PROFILE_NAME).txt
 # where it has neither Horovod nor Petastorm, that the library picks tf.distribute
 # and the pyarrow reader by itself (engine and reader "auto").
 GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'
-AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
+AUTO_CHECK := from dist_dl.launch import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
               assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
 ifeq ($(PROFILE_NAME),$(DEFAULT_PROFILE))

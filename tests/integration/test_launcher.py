@@ -19,11 +19,11 @@ import workers
 from waits import left_after
 from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
                      WorkersDiverged)
-from dist_dl.launch.backend import auto_engine, select_backend
-from dist_dl.launch.device import visible_gpus
-from dist_dl.launch.local import LocalBackend
-from dist_dl.launch.spark import SparkBackend
-from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend, pick_ports
+from dist_dl.launch.core.backend import auto_engine, select_backend
+from dist_dl.launch.core.device import visible_gpus
+from dist_dl.launch.horovod.local import LocalBackend
+from dist_dl.launch.horovod.spark import SparkBackend
+from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend, pick_ports
 
 # Ship the test's worker functions by value: workers need not import `tests`.
 cloudpickle.register_pickle_by_value(workers)
@@ -216,7 +216,7 @@ def test_worker_killed_by_signal_is_named(engine):
 def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
     # A worker SIGKILLed in an allreduce and its peer failing because of it
     # (exit code 1) are often both seen at the next poll: the signal is named.
-    from dist_dl.launch.processes import WorkerProcesses
+    from dist_dl.launch.core.processes import WorkerProcesses
 
     procs = WorkerProcesses(feed=lambda line: None, engine="horovod")
     procs.procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
@@ -307,8 +307,8 @@ def test_tf_ports_are_distinct_free_and_below_the_ephemeral_range():
 def test_tf_output_server_needs_the_job_token():
     import socket
 
-    from dist_dl.launch.protocol import DriverSink, encode_control
-    from dist_dl.launch.barrier import _DriverChannel, _OutputServer
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.rendezvous import _DriverChannel, _OutputServer
 
     failures = []
     sink = DriverSink("all")
@@ -375,7 +375,7 @@ def test_threads_env_and_pinning():
 @pytest.mark.timeout(120)
 def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path):
     # A local worker leaves without Python's final teardown (where a tf.data
-    # iterator can deadlock, see launch/_worker_main.py): exit handlers still
+    # iterator can deadlock, see launch/core/_worker_main.py): exit handlers still
     # run, and a thread the function left behind does not keep the job alive
     # (it sleeps for ten minutes; the test's timeout is two).
     assert HorovodRunner(np=-2).run(workers.leave_a_thread_and_an_exit_handler,
@@ -390,7 +390,7 @@ def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
         spark, tmp_path):
     # The same for workers in Spark tasks, which Horovod starts with an entry
     # of its own that returned into a normal interpreter exit: a hang after
-    # the last epoch was seen there (launch/spark.py,
+    # the last epoch was seen there (launch/horovod/spark.py,
     # _workers_exit_without_final_collection); here the left thread would
     # keep it for ten minutes.
     assert HorovodRunner(np=2, spark=spark).run(workers.leave_a_thread_and_an_exit_handler,
@@ -492,7 +492,7 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
     import sparkdl
     import sparkdl.horovod
 
-    from dist_dl.launch.databricks import DatabricksBackend
+    from dist_dl.launch.horovod.sparkdl import DatabricksBackend
 
     try:
         assert isinstance(select_backend(4), DatabricksBackend)
@@ -536,8 +536,8 @@ def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
     """A worker that ends because Gloo waited past its timeout for another
     rank is the one that waited; the error says so, and names the other ranks
     with their hosts (one of them stopped answering)."""
-    from dist_dl.launch.errors import failure_from
-    from dist_dl.launch.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.errors import failure_from
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
 
     sink = DriverSink("log_callback_only")
     sink.feed(encode_control("start", 0, pid=11, host="worker1", time=0.0))
@@ -571,8 +571,8 @@ def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_lin
     collective failed and names the other ranks with their hosts on its first
     line, not only the wrapper's first line. A rank's own error is still
     reported as it is."""
-    from dist_dl.launch.errors import failure_from
-    from dist_dl.launch.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.errors import failure_from
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
 
     sink = DriverSink("log_callback_only")
     sink.feed(encode_control("start", 0, pid=11, host="worker2", time=0.0))

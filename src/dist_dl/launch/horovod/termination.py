@@ -21,7 +21,7 @@ middleman is wrapped rather than fixed upstream.
 
 The wrapping happens where the middleman starts: in the Python worker of each
 Spark task, before Horovod's task function runs (the task prologue that
-``dist_dl.launch.spark._wrap_horovod_tasks`` puts around Horovod's Spark
+``dist_dl.launch.horovod.spark._wrap_horovod_tasks`` puts around Horovod's Spark
 mapper on the driver calls :func:`prompt_termination`). ``safe_shell_exec.execute``
 starts the middleman with multiprocessing's ``spawn``, which pickles its target
 by name: the target set here is :func:`_middleman` of this module, which the

@@ -10,9 +10,9 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core import compat
-from dist_dl.launch import worker
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions
+from dist_dl.launch.core import worker
+from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.worker import WorkerOptions
 
 __all__ = ["DatabricksBackend"]
 

@@ -1,8 +1,8 @@
 """Process entry of a Horovod worker in a Spark task, in place of Horovod's
 ``python -m horovod.spark.task.gloo_exec_fn DRIVER_ADDRESSES SETTINGS``
-(see ``dist_dl.launch.spark._workers_exit_without_final_collection``): the
-same ``main``, ended by :func:`dist_dl.launch._worker_main._exit`, after
-taking the task's ``sys.path`` (``dist_dl.launch.spark._wrap_horovod_tasks``).
+(see ``dist_dl.launch.horovod.spark._workers_exit_without_final_collection``): the
+same ``main``, ended by :func:`dist_dl.launch.core._worker_main._exit`, after
+taking the task's ``sys.path`` (``dist_dl.launch.horovod.spark._wrap_horovod_tasks``).
 """
 import sys
 import traceback
@@ -10,13 +10,13 @@ import traceback
 from horovod.runner.common.util import codec
 from horovod.spark.task import gloo_exec_fn
 
-from dist_dl.launch._worker_main import _exit
-from dist_dl.launch.worker import take_launcher_imports
+from dist_dl.launch.core._worker_main import _exit
+from dist_dl.launch.core.worker import take_launcher_imports
 
 
 def _run(argv: list[str]) -> int:
     if len(argv) != 2:
-        print(f"usage: python -m dist_dl.launch._spark_worker_main <driver addresses> "
+        print(f"usage: python -m dist_dl.launch.horovod._spark_worker_main <driver addresses> "
               f"<settings>, got {len(argv)} arguments", file=sys.stderr)
         return 1
     take_launcher_imports()

@@ -3,7 +3,7 @@
 Every backend already carries each worker's output to the driver (local: our
 own pipes; Spark with Horovod: its task service streams it back; Spark with
 tf.distribute or torch: each barrier task's connection to the driver,
-``barrier.py``). Workers prefix every line with their rank and send
+``backends/spark_classic.py``). Workers prefix every line with their rank and send
 structured records (``log_to_driver`` messages, errors, timeouts) as control
 lines in the same stream, so the driver needs no second connection into the
 cluster.

@@ -2,11 +2,11 @@
 engine's local backend (Horovod, tf.distribute) and by the Spark task that
 hosts a tf.distribute worker.
 
-Each worker runs ``python -m dist_dl.launch._worker_main PAYLOAD RESULT`` in
+Each worker runs ``python -m dist_dl.launch.core._worker_main PAYLOAD RESULT`` in
 its own process group, so that nothing it starts outlives the job; its stdout
 and stderr are read line by line and handed to ``feed``. Where it can, the
 worker is forked from a server that has imported the job's framework
-(``dist_dl.launch.forkserver``) instead of starting as a new interpreter.
+(``dist_dl.launch.fork.client``) instead of starting as a new interpreter.
 It gets the starting process's ``sys.path`` (``launcher_path_env``): what a
 Spark task or the driver imports (``sc.addPyFile``, ``spark.submit.pyFiles``)
 imports in it.
@@ -21,12 +21,12 @@ import threading
 import time
 from typing import Callable
 
-from dist_dl.launch import forkserver
-from dist_dl.launch.worker import launcher_path_env
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.worker import launcher_path_env
 
 __all__ = ["WorkerProcesses", "end_process_groups"]
 
-_ENTRY = "dist_dl.launch._worker_main"
+_ENTRY = "dist_dl.launch.core._worker_main"
 
 
 class WorkerProcesses:

@@ -19,11 +19,11 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core import compat
-from dist_dl.launch.errors import JobTimeout, failure_from, runner_prefix
-from dist_dl.launch.network import interface_holding
-from dist_dl.launch.processes import WorkerProcesses
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions
+from dist_dl.launch.core.errors import JobTimeout, failure_from, runner_prefix
+from dist_dl.launch.core.network import interface_holding
+from dist_dl.launch.core.processes import WorkerProcesses
+from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.worker import WorkerOptions
 
 __all__ = ["LocalBackend", "run_processes", "loopback_interface"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable, Protocol
 
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions
+from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.worker import WorkerOptions
 
 __all__ = ["Backend", "select_backend", "auto_engine", "databricks_runner_available", "ENGINES"]
 
@@ -57,7 +57,7 @@ def _require_horovod() -> None:
     """Raise ImportError saying what to do where Horovod is missing. Databricks
     Runtime 16.0 ML and later (profile dbr-16.4-ml) ship no Horovod: there a
     Horovod job otherwise failed deep in a backend with a bare "No module named
-    'horovod'" (launch/spark.py's ``import horovod.spark``)."""
+    'horovod'" (launch/horovod/spark.py's ``import horovod.spark``)."""
     if importlib.util.find_spec("horovod") is None:
         raise ImportError(
             "HorovodRunner needs Horovod, which is not installed here (Databricks Runtime 16.0 ML "
@@ -79,19 +79,19 @@ def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES} or 'auto', got {engine!r}")
     if engine == "tensorflow":
-        from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend
+        from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
 
         return TFLocalBackend() if np < 0 else TFSparkBackend(spark)
     if np < 0 or not databricks_runner_available():  # sparkdl brings its own Horovod
         _require_horovod()
     if np < 0:
-        from dist_dl.launch.local import LocalBackend
+        from dist_dl.launch.horovod.local import LocalBackend
 
         return LocalBackend()
     if databricks_runner_available():
-        from dist_dl.launch.databricks import DatabricksBackend
+        from dist_dl.launch.horovod.sparkdl import DatabricksBackend
 
         return DatabricksBackend()
-    from dist_dl.launch.spark import SparkBackend
+    from dist_dl.launch.horovod.spark import SparkBackend
 
     return SparkBackend(spark)

@@ -18,12 +18,12 @@ from dist_dl.core import compat
 from dist_dl.core.session import get_spark, task_slots
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
-from dist_dl.launch import forkserver
-from dist_dl.launch.network import interface_holding, is_loopback, resolve
-from dist_dl.launch.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.network import interface_holding, is_loopback, resolve
+from dist_dl.launch.core.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
                                    runner_prefix)
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import WorkerOptions, launcher_path_env, run_worker
+from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.worker import WorkerOptions, launcher_path_env, run_worker
 
 __all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
 
@@ -349,12 +349,12 @@ def _stream_output_live() -> None:
 
 # What Horovod's Spark launcher runs in each task's worker process, and ours.
 _HOROVOD_ENTRY = "horovod.spark.task.gloo_exec_fn"
-_WORKER_ENTRY = "dist_dl.launch._spark_worker_main"
+_WORKER_ENTRY = "dist_dl.launch.horovod._spark_worker_main"
 
 
 def _workers_exit_without_final_collection() -> None:
     """Each worker process on a Spark task ends as a local worker does
-    (:mod:`dist_dl.launch._worker_main`): exit handlers, flushed streams,
+    (:mod:`dist_dl.launch.core._worker_main`): exit handlers, flushed streams,
     then ``os._exit``, without the interpreter's last garbage collection.
 
     Horovod starts them as ``python -m horovod.spark.task.gloo_exec_fn ...``,
@@ -391,24 +391,24 @@ def _wrap_horovod_tasks() -> None:
       when input is left unread after the task's function (pyspark/worker.py,
       "check end of stream"), so every Horovod job started new Python
       workers;
-    - :func:`dist_dl.launch.termination.prompt_termination`: the task ends
+    - :func:`dist_dl.launch.horovod.termination.prompt_termination`: the task ends
       its worker processes promptly when the job is aborted or the task
       killed (Horovod's own sequence waits out 5 s it can never use);
-    - :func:`dist_dl.launch.sparkfork.install`: the worker processes are
+    - :func:`dist_dl.launch.horovod.sparkfork.install`: the worker processes are
       forked from the executor's fork server, which imports the frameworks
       the driver had imported when the job started;
     - the task's ``sys.path`` into its environment
-      (:func:`dist_dl.launch.worker.launcher_path_env`), which the worker
+      (:func:`dist_dl.launch.core.worker.launcher_path_env`), which the worker
       takes before it unpickles the user's function
-      (:mod:`dist_dl.launch._spark_worker_main`): modules PySpark put on the
+      (:mod:`dist_dl.launch.horovod._spark_worker_main`): modules PySpark put on the
       task's path (``sc.addPyFile``, ``spark.submit.pyFiles``) import in the
       workers as in the task. Horovod's task service starts the worker with a
       copy of the task's environment, and PySpark adds shipped files to the
       task's ``sys.path`` only."""
     from horovod.spark import runner
 
-    from dist_dl.launch import sparkfork
-    from dist_dl.launch.termination import prompt_termination
+    from dist_dl.launch.horovod import sparkfork
+    from dist_dl.launch.horovod.termination import prompt_termination
 
     make_mapper = runner._make_mapper
     if getattr(make_mapper, "_dist_dl_wrapped", False):

@@ -7,7 +7,7 @@ import signal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the sink is handed in by the backends
-    from dist_dl.launch.protocol import DriverSink
+    from dist_dl.launch.core.protocol import DriverSink
 
 __all__ = ["WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots", "failure_from",
            "runner_prefix"]

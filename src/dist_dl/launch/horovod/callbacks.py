@@ -32,7 +32,7 @@ def _format_logs(logs) -> str:
 def _define_log_callback():
     keras = compat.keras()
 
-    from dist_dl.launch.worker import _rank, log_to_driver
+    from dist_dl.launch.core.worker import _rank, log_to_driver
 
     class LogCallback(keras.callbacks.Callback):
         """Sends Keras' logs (loss and metrics) of each epoch, and with

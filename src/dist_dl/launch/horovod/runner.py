@@ -9,10 +9,10 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
-from dist_dl.launch import weights
-from dist_dl.launch.backend import Backend, select_backend
-from dist_dl.launch.protocol import VERBOSITIES, DriverSink
-from dist_dl.launch.worker import WorkerOptions
+from dist_dl.launch.core import weights
+from dist_dl.launch.core.backend import Backend, select_backend
+from dist_dl.launch.core.protocol import VERBOSITIES, DriverSink
+from dist_dl.launch.core.worker import WorkerOptions
 
 __all__ = ["HorovodRunner", "TFDistributeRunner", "BACKEND_NAMES"]
 
@@ -49,7 +49,7 @@ class HorovodRunner:
             ``"auto"`` (default; the sign of ``np`` decides, as in sparkdl),
             ``"local"`` (needs ``np < 0``) or ``"spark"`` (needs ``np >
             0``); or a launcher object of the
-            :class:`dist_dl.launch.backend.Backend` protocol (code, not
+            :class:`dist_dl.launch.core.backend.Backend` protocol (code, not
             configuration: a launcher of your own), used as it is with
             ``abs(np)`` workers.
         check_weights: When the function returns, every worker reports the
@@ -57,7 +57,7 @@ class HorovodRunner:
             rank 0's fails the job with ``WorkersDiverged`` (a function
             without ``hvd.DistributedOptimizer`` or without the broadcast of
             rank 0's weights: each worker trained its own copy); see
-            ``dist_dl.launch.weights``. False turns the check off.
+            ``dist_dl.launch.core.weights``. False turns the check off.
     """
 
     engine = "horovod"
@@ -71,7 +71,7 @@ class HorovodRunner:
                  backend: str | Backend = "auto", check_weights: bool = True):
         name = type(self).__name__
         # The workers report the Keras models they trained, for the driver to
-        # compare with rank 0's (dist_dl.launch.weights).
+        # compare with rank 0's (dist_dl.launch.core.weights).
         self.check_weights = bool(check_weights)
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
@@ -184,7 +184,7 @@ class TFDistributeRunner(HorovodRunner):
 
     When the function returns, every worker reports the Keras models it
     trained and the driver compares them with rank 0's
-    (``dist_dl.launch.weights``): weights that differ (a model built outside
+    (``dist_dl.launch.core.weights``): weights that differ (a model built outside
     the strategy's scope: every worker trained its own) fail the job with
     ``WorkersDiverged``; a model every worker trained alone, ending alike,
     warns. ``check_weights=False`` turns this off.

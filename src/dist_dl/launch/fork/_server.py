@@ -1,8 +1,8 @@
-"""Process entry of a fork server: ``python -m dist_dl.launch._fork_server FD PRELOAD IDLE ROOM [OWNER]``.
+"""Process entry of a fork server: ``python -m dist_dl.launch.fork._server FD PRELOAD IDLE ROOM [OWNER]``.
 
 Imports the modules named in PRELOAD (comma-separated) once, then forks one
 worker per request that arrives from a client (see
-``dist_dl.launch.forkserver`` for the requests and the replies). Each worker
+``dist_dl.launch.fork.client`` for the requests and the replies). Each worker
 runs ``python -m MODULE ARGS...`` as a new interpreter would: in a session of
 its own, with /dev/null as stdin and the two pipe ends it was sent as stdout
 and stderr, exactly the environment, working directory and arguments of its
@@ -102,7 +102,7 @@ def _run_worker(inherited: list, request: dict, out: int, err: int) -> None:
         traceback.print_exc()
     finally:
         # As a new interpreter would leave: exit handlers, flushed streams.
-        from dist_dl.launch._worker_main import _exit
+        from dist_dl.launch.core._worker_main import _exit
 
         _exit(code)
 
@@ -172,7 +172,7 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
     # leaving /proc/PID/environ as the server's.
     os.environ["SPT_NOENV"] = "1"
     # The launcher's sys.path, as its workers take it, before anything imports.
-    from dist_dl.launch.worker import take_launcher_imports
+    from dist_dl.launch.core.worker import take_launcher_imports
 
     take_launcher_imports()
     failed = _preload(preload + ["cloudpickle", "setproctitle", "runpy"])

@@ -93,7 +93,7 @@ def driver_gpus(session, resource: str) -> list[str]:
     """The driver's GPUs: its Spark resource ``resource`` where GPU scheduling
     names one (as CUDA_VISIBLE_DEVICES names them), else those visible to it.
     ``session``: the runner's SparkSession, None for the active one if any."""
-    from dist_dl.launch.device import visible_gpus
+    from dist_dl.launch.core.device import visible_gpus
 
     if session is None:
         try:
@@ -129,8 +129,8 @@ def check_task_slots(spark, tasks: int, label: str, *, count: str, per_task: int
         NotEnoughSlots: fewer task slots than ``tasks`` after ``wait`` seconds.
     """
     from dist_dl.core.session import task_slots
-    from dist_dl.launch.errors import NotEnoughSlots
-    from dist_dl.launch.spark import check_slots
+    from dist_dl.launch.core.errors import NotEnoughSlots
+    from dist_dl.launch.horovod.spark import check_slots
 
     try:
         check_slots(spark, tasks, wait, label=label)

@@ -1,13 +1,13 @@
-"""Process entry of a local worker: ``python -m dist_dl.launch._worker_main PAYLOAD RESULT``.
+"""Process entry of a local worker: ``python -m dist_dl.launch.core._worker_main PAYLOAD RESULT``.
 
-A module of its own so that ``dist_dl.launch.worker`` is imported once, as
+A module of its own so that ``dist_dl.launch.core.worker`` is imported once, as
 itself: ``log_to_driver`` in user code must see the capture ``run_worker`` set.
 """
 import atexit
 import os
 import sys
 
-from dist_dl.launch.worker import main
+from dist_dl.launch.core.worker import main
 
 
 def _exit(code: int) -> None:

@@ -1,7 +1,7 @@
 """What runs inside every worker process, around the user's function.
 
 Shipped to workers by every backend (pickled into Horovod's Spark task, or
-started as ``python -m dist_dl.launch._worker_main`` by the local backend). Before
+started as ``python -m dist_dl.launch.core._worker_main`` by the local backend). Before
 the user's function runs it: fixes Horovod's environment, gives the worker its
 device, CPU threads and (on CPU) a 5 ms Horovod cycle time, routes the
 worker's output to the driver with its rank, and arms the deadline. If the
@@ -23,7 +23,7 @@ from typing import Any, Callable
 from dist_dl.core import compat
 from dist_dl.core import placement
 from dist_dl.core.redact import redact_secrets
-from dist_dl.launch import device, protocol
+from dist_dl.launch.core import device, protocol
 
 __all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
 
@@ -49,7 +49,7 @@ class WorkerOptions:
         runner: The runner as its user wrote it (``TFDistributeRunner(np=2)``),
             for the driver's messages; '' names the engine's runner.
         check_weights: Report the Keras models the function trained when it
-            returns (``dist_dl.launch.weights``), for the driver to compare.
+            returns (``dist_dl.launch.core.weights``), for the driver to compare.
     """
 
     job_id: str
@@ -229,9 +229,9 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
 
 def _report_weights(rank: int) -> None:
     """Send the driver the Keras models this worker trained (see
-    ``dist_dl.launch.weights``); a report that fails is left out, and the
+    ``dist_dl.launch.core.weights``); a report that fails is left out, and the
     driver then compares nothing."""
-    from dist_dl.launch import weights
+    from dist_dl.launch.core import weights
 
     try:
         models = weights.report()
@@ -381,7 +381,7 @@ class _OutputCapture:
 
 def main(argv: list[str]) -> int:
     """Entry point of a worker process started by the local backend:
-    ``python -m dist_dl.launch._worker_main PAYLOAD RESULT``."""
+    ``python -m dist_dl.launch.core._worker_main PAYLOAD RESULT``."""
     import cloudpickle
 
     payload_path, result_path = argv
@@ -406,7 +406,7 @@ def main(argv: list[str]) -> int:
 # sc.addPyFile or spark.submit.pyFiles, a notebook's folder) imports here.
 SYS_PATH_VAR = "DIST_DL_SYS_PATH"
 # Set by a Spark barrier task that starts a worker: a file holding the task's
-# BarrierTaskContext (see dist_dl.launch.barrier).
+# BarrierTaskContext (see dist_dl.launch.core.rendezvous).
 TASK_CONTEXT_VAR = "DIST_DL_TASK_CONTEXT"
 
 

@@ -25,7 +25,7 @@ list of places. Each task runs its workers as child processes (one runtime
 per job: a reused PySpark worker process could not host a second one) and
 sends their output to a small TCP server on the driver (at
 ``spark.driver.host``, authenticated by a random token per job) that feeds
-the :class:`~dist_dl.launch.protocol.DriverSink`, so output arrives
+the :class:`~dist_dl.launch.core.protocol.DriverSink`, so output arrives
 rank-prefixed and live, as with the other backends. The children get the
 task's ``sys.path`` (modules shipped with ``sc.addPyFile`` import in them)
 and its ``BarrierTaskContext`` (``BarrierTaskContext.get()``, ``barrier()``
@@ -53,13 +53,14 @@ from dist_dl.core.placement import TASK_GPUS_VAR
 from dist_dl.core.session import get_spark, job_group
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled
-from dist_dl.launch import forkserver, protocol
-from dist_dl.launch.device import WORKER_GPUS_VAR
-from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, failure_from
-from dist_dl.launch.local import LocalBackend, run_processes
-from dist_dl.launch.processes import WorkerProcesses
-from dist_dl.launch.protocol import DriverSink
-from dist_dl.launch.worker import TASK_CONTEXT_VAR, WorkerOptions
+from dist_dl.launch.core import protocol
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.device import WORKER_GPUS_VAR
+from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots, failure_from
+from dist_dl.launch.horovod.local import LocalBackend, run_processes
+from dist_dl.launch.core.processes import WorkerProcesses
+from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.worker import TASK_CONTEXT_VAR, WorkerOptions
 
 __all__ = ["Engine", "BarrierLocalBackend", "BarrierSparkBackend", "pick_ports",
            "without_foreign_place", "with_gpus"]
@@ -165,7 +166,7 @@ class BarrierLocalBackend(LocalBackend):
 
     Args:
         engine: The engine.
-        grace: As :class:`~dist_dl.launch.local.LocalBackend`'s.
+        grace: As :class:`~dist_dl.launch.horovod.local.LocalBackend`'s.
         worker_gpus: The GPU ids each place's workers see, all of them their
             own (an empty list: none, CPU training); None: the device plan's
             one GPU per worker where the host has GPUs.
@@ -312,7 +313,7 @@ class BarrierSparkBackend:
             sink: DriverSink) -> Any:
         """Run ``fn(**kwargs)`` in the workers of ``num_proc`` tasks; return
         rank 0's result."""
-        from dist_dl.launch.spark import check_slots
+        from dist_dl.launch.horovod.spark import check_slots
 
         spark = self.spark or get_spark()
         sc = spark.sparkContext

@@ -3,7 +3,7 @@
 A worker started as a new interpreter spends seconds of CPU importing
 TensorFlow and Horovod (or PyTorch) before it runs a line of the job, and a
 job's retries and the launcher's later jobs pay it again for every worker.
-A fork server (``dist_dl.launch._fork_server``) imports those frameworks
+A fork server (``dist_dl.launch.fork._server``) imports those frameworks
 once and forks each worker from itself; the worker then runs the same
 command a new interpreter would, with its own session, pipes, environment,
 working directory and process title (see that module).
@@ -19,10 +19,10 @@ executor's, per import key: shared by the executor's Python workers (a job's
 concurrent tasks, and the workers PySpark starts after it ends idle ones),
 found at an abstract Unix socket named after the executor's PySpark daemon
 and the key, serving only its own user's processes, and ending when that
-daemon does (``dist_dl.launch._fork_server``). The server imports the engine's framework (tf.distribute's
+daemon does (``dist_dl.launch.fork._server``). The server imports the engine's framework (tf.distribute's
 TensorFlow, PyTorch's) and the frameworks the launching process has
 imported itself (or, in a Spark task, those the job's driver had imported:
-``dist_dl.launch.sparkfork``), with Horovod's binding of each for Horovod
+``dist_dl.launch.horovod.sparkfork``), with Horovod's binding of each for Horovod
 jobs: workers get nothing that neither their engine nor their driver uses.
 
 Workers are forked only where no GPU is visible to the launching process or
@@ -43,8 +43,8 @@ import sys
 import threading
 
 from dist_dl.core import placement
-from dist_dl.launch import device, network
-from dist_dl.launch.worker import TASK_CONTEXT_VAR
+from dist_dl.launch.core import device, network
+from dist_dl.launch.core.worker import TASK_CONTEXT_VAR
 
 __all__ = ["ForkedProcess", "start", "shutdown", "imported_frameworks", "driver_switch",
            "SWITCH"]
@@ -138,7 +138,7 @@ class _Server:
     def _spawn(env: dict, preload: list[str], end: socket.socket, owner: list[str]):
         room = " " * 1024  # for the workers' process titles
         return subprocess.Popen(
-            [sys.executable, "-m", "dist_dl.launch._fork_server", str(end.fileno()),
+            [sys.executable, "-m", "dist_dl.launch.fork._server", str(end.fileno()),
              ",".join(preload), str(IDLE_SECONDS), room, *owner],
             env={**env, "PYTHONUNBUFFERED": "1"}, pass_fds=[end.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

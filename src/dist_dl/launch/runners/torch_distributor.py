@@ -1,6 +1,6 @@
 """``TorchDistributor``: a drop-in for pyspark's
 ``pyspark.ml.torch.distributor.TorchDistributor``, on the library's launcher
-(:mod:`dist_dl.launch.torchdist`).
+(:mod:`dist_dl.launch.engines.torch`).
 
 Semantics kept from the original: ``run(train_object, *args, **kwargs)``
 takes a function (its return value on rank 0 comes back) or the path of a
@@ -30,8 +30,8 @@ import math
 import os
 from typing import Any, Callable
 
-from dist_dl.launch.runner import HorovodRunner
-from dist_dl.launch.sparkchecks import (LazySpark, check_encryption, check_task_slots, driver_gpus,
+from dist_dl.launch.horovod.runner import HorovodRunner
+from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
 
 __all__ = ["TorchDistributor"]
@@ -89,12 +89,12 @@ class TorchDistributor(LazySpark, HorovodRunner):
         self._session = spark
         self._gpus_per_task = 1
         if self.local_mode:
-            from dist_dl.launch.torchdist import local_backend
+            from dist_dl.launch.engines.torch import local_backend
 
             backend = local_backend(self._local_gpus())
             np = -num_processes
         else:
-            from dist_dl.launch.torchdist import spark_backend
+            from dist_dl.launch.engines.torch import spark_backend
 
             if self.use_gpu:
                 self._gpus_per_task = task_gpu_amount(self.sc, GPU_RESOURCE, self._label())
@@ -164,7 +164,7 @@ class TorchDistributor(LazySpark, HorovodRunner):
             RuntimeError: the cluster has TLS on and
                 ``pytorch.spark.distributor.ignoreSsl`` is not true.
         """
-        from dist_dl.launch.torchdist import call_function, run_script
+        from dist_dl.launch.engines.torch import call_function, run_script
 
         if isinstance(train_object, (str, os.PathLike)):
             fn = functools.partial(run_script, self._script(train_object, kwargs),

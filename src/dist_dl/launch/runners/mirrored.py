@@ -18,7 +18,7 @@ failing worker's error reaches the driver with its rank, host and traceback;
 ``timeout``; nothing left running; the workers' output streamed to the driver
 with rank prefixes; tf-keras as ``tf.keras`` where Keras 3 is the default;
 modules shipped with ``sc.addPyFile`` import in the workers; the weights
-check of :class:`~dist_dl.launch.runner.TFDistributeRunner`.
+check of :class:`~dist_dl.launch.horovod.runner.TFDistributeRunner`.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import functools
 import math
 from typing import Any, Callable
 
-from dist_dl.launch.runner import TFDistributeRunner
-from dist_dl.launch.sparkchecks import (LazySpark, check_encryption, check_task_slots, driver_gpus,
+from dist_dl.launch.horovod.runner import TFDistributeRunner
+from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
 
 __all__ = ["MirroredStrategyRunner"]
@@ -38,7 +38,7 @@ IGNORE_SSL_KEY = "tensorflow.spark.distributor.ignoreSsl"
 def _in_strategy_scope(train_fn: Callable[..., Any], /, **kwargs) -> Any:
     """A worker's call of ``train_fn`` for ``use_custom_strategy=False``:
     inside the scope of the job's multi-worker strategy."""
-    from dist_dl.launch.tfdist import multi_worker_strategy
+    from dist_dl.launch.engines.tensorflow import multi_worker_strategy
 
     strategy = multi_worker_strategy()
     with strategy.scope():
@@ -107,14 +107,14 @@ class MirroredStrategyRunner(LazySpark, TFDistributeRunner):
         self._session = spark
         self._distributed = num_slots > 0 and not self.local_mode
         if self._distributed:
-            from dist_dl.launch.tfdist import TFSparkBackend
+            from dist_dl.launch.engines.tensorflow import TFSparkBackend
 
             counts = self._task_gpus() if self.use_gpu else [0] * num_slots
             np = len(counts)
             backend = TFSparkBackend(self._spark_session(), worker_gpus=counts,
                                      gpu_resource=gpu_resource_name)
         else:
-            from dist_dl.launch.tfdist import TFLocalBackend
+            from dist_dl.launch.engines.tensorflow import TFLocalBackend
 
             gpus = self._local_gpus()
             np = -len(gpus)

@@ -1,13 +1,13 @@
 """Horovod's workers in a Spark task, forked from the executor's fork server.
 
 Horovod's task service runs each worker's command, ``env VAR=... python -m
-dist_dl.launch._spark_worker_main ADDRESSES SETTINGS``, through
+dist_dl.launch.horovod._spark_worker_main ADDRESSES SETTINGS``, through
 ``safe_shell_exec.execute``: a middleman interpreter (multiprocessing's
 ``spawn``) starts a shell, which starts a new interpreter, which imports
 TensorFlow and Horovod before the job's first line. In a Spark task prepared
 by :func:`install` (the task prologue of
-``dist_dl.launch.spark._wrap_horovod_tasks``), that command is forked from
-the executor's fork server (:mod:`dist_dl.launch.forkserver`) instead,
+``dist_dl.launch.horovod.spark._wrap_horovod_tasks``), that command is forked from
+the executor's fork server (:mod:`dist_dl.launch.fork.client`) instead,
 which has imported the frameworks the driver imported. Every Python worker
 of the executor uses the same server (a job's concurrent tasks, and the
 Python workers PySpark starts after it ends idle ones): a job's retries and
@@ -18,7 +18,7 @@ service's, then the command's own assignments, as ``env`` applies them), its
 output prefixed line by line as Horovod does (Horovod's
 ``prefix_connection``), the abort events ending the worker and what it
 started (SIGTERM and SIGCONT to its process group, a grace, then SIGKILL, as
-:mod:`dist_dl.launch.termination` ends the shell's tree), and the exit code a
+:mod:`dist_dl.launch.horovod.termination` ends the shell's tree), and the exit code a
 shell reports (128 + N for a worker ended by signal N). Any other command,
 another interpreter than this one, or a worker the server does not fork
 (GPUs, ``DIST_DL_FORK_WORKERS=0``, a failure) runs through Horovod's own
@@ -32,14 +32,14 @@ import shlex
 import sys
 import threading
 
-from dist_dl.launch import forkserver
-from dist_dl.launch.processes import end_process_groups
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.processes import end_process_groups
 
 __all__ = ["install", "execute", "worker_command", "ENTRY"]
 
 # The module Horovod's Spark launcher runs in each task
-# (dist_dl.launch.spark._workers_exit_without_final_collection).
-ENTRY = "dist_dl.launch._spark_worker_main"
+# (dist_dl.launch.horovod.spark._workers_exit_without_final_collection).
+ENTRY = "dist_dl.launch.horovod._spark_worker_main"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # The frameworks the driver of this task's job had imported (install).
