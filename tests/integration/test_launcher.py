@@ -19,11 +19,12 @@ import workers
 from waits import left_after
 from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
                      WorkersDiverged)
-from dist_dl.launch.core.backend import auto_engine, select_backend
+from dist_dl.launch.core.rendezvous import pick_ports
+from dist_dl.launch.horovod.backend import auto_engine, select_backend
 from dist_dl.launch.core.device import visible_gpus
 from dist_dl.launch.horovod.local import LocalBackend
 from dist_dl.launch.horovod.spark import SparkBackend
-from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend, pick_ports
+from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
 
 # Ship the test's worker functions by value: workers need not import `tests`.
 cloudpickle.register_pickle_by_value(workers)
@@ -216,7 +217,7 @@ def test_worker_killed_by_signal_is_named(engine):
 def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
     # A worker SIGKILLed in an allreduce and its peer failing because of it
     # (exit code 1) are often both seen at the next poll: the signal is named.
-    from dist_dl.launch.core.processes import WorkerProcesses
+    from dist_dl.launch.backends.processes import WorkerProcesses
 
     procs = WorkerProcesses(feed=lambda line: None, engine="horovod")
     procs.procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
@@ -308,23 +309,23 @@ def test_tf_output_server_needs_the_job_token():
     import socket
 
     from dist_dl.launch.core.protocol import DriverSink, encode_control
-    from dist_dl.launch.core.rendezvous import _DriverChannel, _OutputServer
+    from dist_dl.launch.core.channel import DriverChannel, OutputServer
 
     failures = []
     sink = DriverSink("all")
-    server = _OutputServer("127.0.0.1", sink, on_failure=lambda: failures.append(1))
+    server = OutputServer("127.0.0.1", sink, on_failure=lambda: failures.append(1))
     try:
         with socket.create_connection(server.address) as intruder:
             intruder.sendall(b"guess\n0\n" + encode_control("error", 0, type="X",
                                                               message="forged").encode())
             assert intruder.recv(10) == b""  # dropped without a reply
-        channel = _DriverChannel(server.address, server.token, rank=1)
+        channel = DriverChannel(server.address, server.token, rank=1)
         assert channel.go
         channel.send("[1]<stdout>:hello\n")
         channel.send(encode_control("exit", 1, code=3))
         channel.close()
         # The same rank again (Spark retrying the barrier stage) is told not to run.
-        again = _DriverChannel(server.address, server.token, rank=1)
+        again = DriverChannel(server.address, server.token, rank=1)
         assert not again.go
         again.close()
     finally:

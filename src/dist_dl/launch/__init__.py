@@ -10,7 +10,7 @@ _EXPORTS = {
     "MirroredStrategyRunner": "dist_dl.launch.runners.mirrored",
     "TorchDistributor": "dist_dl.launch.runners.torch_distributor",
     "multi_worker_strategy": "dist_dl.launch.engines.tensorflow",
-    "auto_engine": "dist_dl.launch.core.backend",
+    "auto_engine": "dist_dl.launch.horovod.backend",
     "log_to_driver": "dist_dl.launch.core.worker",
     "WorkerError": "dist_dl.launch.core.errors",
     "JobTimeout": "dist_dl.launch.core.errors",
@@ -23,7 +23,7 @@ _EXPORTS = {
 # What the names are, for type checkers and the API reference (mkdocstrings);
 # at run time each is imported on first use.
 if TYPE_CHECKING:
-    from dist_dl.launch.core.backend import auto_engine  # noqa: F401
+    from dist_dl.launch.horovod.backend import auto_engine  # noqa: F401
     from dist_dl.launch.core.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
     from dist_dl.launch.horovod.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
     from dist_dl.launch.engines.tensorflow import multi_worker_strategy  # noqa: F401

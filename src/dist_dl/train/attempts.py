@@ -149,7 +149,7 @@ def wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
     fails while the executor is gone, and its slots come back with the host).
     """
     from dist_dl.launch import NotEnoughSlots
-    from dist_dl.launch.horovod.spark import check_slots
+    from dist_dl.launch.core.slots import check_slots
 
     try:
         check_slots(spark, cfg.num_workers, cfg.retry_wait, every=15.0)

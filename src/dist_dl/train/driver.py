@@ -333,7 +333,7 @@ def _settings(config: TrainConfig | None, settings: dict) -> TrainConfig:
 def _engine(cfg: TrainConfig) -> str:
     """The engine ``cfg.engine`` names, checked on the driver: Horovod must
     import, and tf.distribute gets no setting only Horovod has."""
-    from dist_dl.launch.core.backend import auto_engine
+    from dist_dl.launch import auto_engine
     from dist_dl.train.config import HOROVOD_ONLY
 
     # auto_engine() imports Horovod (and TensorFlow): at most once, and not

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-__all__ = ["interface_holding", "resolve", "is_loopback", "IFNAME_VARS"]
+__all__ = ["interface_holding", "resolve", "is_loopback", "loopback_interface", "IFNAME_VARS"]
 
 # The variables that name the interface to Gloo and NCCL (Horovod's launcher
 # sets NCCL's per job; the torch launcher sets both): read when a collective
@@ -34,3 +34,11 @@ def interface_holding(address: str) -> str | None:
         if any(a.address == address for a in addresses):
             return name
     return None
+
+
+def loopback_interface() -> str:
+    """The name of the interface that holds 127.0.0.1."""
+    name = interface_holding("127.0.0.1")
+    if name is None:
+        raise RuntimeError("no network interface has 127.0.0.1; local workers need loopback")
+    return name

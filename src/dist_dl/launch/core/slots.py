@@ -1,17 +1,93 @@
-"""Driver-side checks that the drop-in runners (``MirroredStrategyRunner``,
-``TorchDistributor``) make before a Spark barrier stage: TLS, Spark's GPU
-scheduling, the driver's own GPUs."""
+"""Driver-side checks made before Spark tasks start: enough task slots
+(:func:`check_slots`, :func:`wait_for_free_slots`), and what the drop-in
+runners (``MirroredStrategyRunner``, ``TorchDistributor``) check besides:
+TLS, Spark's GPU scheduling, the driver's own GPUs."""
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
+from dist_dl.core.session import task_slots
 from dist_dl.core.sparkconf import conf_value
+from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots
 
-__all__ = ["SSL_KEY", "check_encryption", "conf_bool", "task_gpu_amount", "driver_gpus", "split",
-           "check_task_slots", "LazySpark"]
+__all__ = ["SSL_KEY", "check_slots", "wait_for_free_slots", "check_encryption", "conf_bool",
+           "task_gpu_amount", "driver_gpus", "split", "check_task_slots", "LazySpark"]
 
 SSL_KEY = "spark.ssl.enabled"
+
+
+def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner",
+                every: float | None = None, label: str | None = None) -> int:
+    """Wait up to ``wait`` seconds for ``num_proc`` task slots; return the count.
+
+    Horovod on Spark needs all its tasks running at once; with fewer slots its
+    tasks would wait for each other until ``start_timeout`` (10 minutes by
+    default). This fails within seconds instead. With ``every``, a line of
+    progress is printed that often while it waits. ``label`` names the runner
+    in the messages as its user wrote it (default ``runner(np=num_proc)``).
+    """
+    label = label or f"{runner}(np={num_proc})"
+    start = time.monotonic()
+    reported = None
+    while True:
+        slots = task_slots(spark)
+        if slots >= num_proc:
+            if reported is not None:
+                print(f"{label}: {slots} task slots after "
+                      f"{time.monotonic() - start:.0f} s, starting", flush=True)
+            return slots
+        waited = time.monotonic() - start
+        master = spark.sparkContext.master
+        if waited >= wait:
+            raise NotEnoughSlots(
+                f"{label} needs {num_proc} Spark tasks running at the same "
+                f"time, but the cluster ({master}) has {slots} task slot(s) now "
+                f"(executor cores / spark.task.cpus; waited {waited:.0f} s). Use np <= {slots}, "
+                f"add workers or cores, or run on the driver machine with np=-{num_proc}.")
+        if every is not None and (reported is None or time.monotonic() - reported >= every):
+            print(f"{label}: waiting for {num_proc} task slots, the cluster "
+                  f"({master}) has {slots} (waited {waited:.0f} s of {wait:g})", flush=True)
+            reported = time.monotonic()
+        time.sleep(0.5)
+
+
+def _busy_slots(sc) -> int:
+    tracker = sc.statusTracker()
+    stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
+    return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+
+def wait_for_free_slots(spark, num_proc: int, slots: int, timeout: float | None = None,
+                        every: float = 10.0) -> None:
+    """Wait until ``num_proc`` of the cluster's ``slots`` are free, printing
+    a progress line every ``every`` seconds, as Databricks' HorovodRunner
+    does: started while other jobs hold slots, only some of Horovod's tasks
+    would run and the rest would fail on its start timeout.
+
+    Raises:
+        JobTimeout: still not enough free slots after ``timeout`` seconds.
+    """
+    start = time.monotonic()
+    reported = None
+    while True:
+        free = slots - _busy_slots(spark.sparkContext)
+        if free >= num_proc:
+            if reported is not None:
+                print(f"HorovodRunner(np={num_proc}): {free} task slots free, starting", flush=True)
+            return
+        waited = time.monotonic() - start
+        if timeout is not None and waited > timeout:
+            raise JobTimeout(
+                f"HorovodRunner(np={num_proc}) waited {waited:.0f} s (its timeout) for {num_proc} "
+                f"free task slots; other Spark jobs still hold {slots - free} of {slots}")
+        if reported is None or time.monotonic() - reported >= every:
+            print(f"HorovodRunner(np={num_proc}): waiting for {num_proc} free task slots: "
+                  f"{max(free, 0)} of {slots} free, other Spark jobs run on the rest "
+                  f"(waited {waited:.0f} s)", flush=True)
+            reported = time.monotonic()
+        time.sleep(0.5)
 
 
 class LazySpark:
@@ -128,10 +204,6 @@ def check_task_slots(spark, tasks: int, label: str, *, count: str, per_task: int
     Raises:
         NotEnoughSlots: fewer task slots than ``tasks`` after ``wait`` seconds.
     """
-    from dist_dl.core.session import task_slots
-    from dist_dl.launch.core.errors import NotEnoughSlots
-    from dist_dl.launch.horovod.spark import check_slots
-
     try:
         check_slots(spark, tasks, wait, label=label)
     except NotEnoughSlots:

@@ -1,7 +1,7 @@
 """The tf.distribute engine: workers that form one
 ``tf.distribute.MultiWorkerMirroredStrategy`` job, as processes on the driver
 (``np < 0``) or as the tasks of a Spark barrier stage (``np > 0``), launched
-by :mod:`dist_dl.launch.core.rendezvous`.
+by a backend of :mod:`dist_dl.launch.backends`.
 
 Every worker gets a ``TF_CONFIG`` naming all workers' ``host:port`` and its
 own index; the strategy's gRPC server listens on that port and its
@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 
 from dist_dl.core import compat
-from dist_dl.launch.core.rendezvous import (BarrierLocalBackend, BarrierSparkBackend, Engine, pick_ports,
-                                    without_foreign_place)
+from dist_dl.launch.backends.processes import BarrierLocalBackend
+from dist_dl.launch.backends.spark_classic import BarrierSparkBackend
+from dist_dl.launch.core.rendezvous import Engine, without_foreign_place
 
-__all__ = ["ENGINE", "TFLocalBackend", "TFSparkBackend", "multi_worker_strategy", "tf_config",
-           "pick_ports"]
+__all__ = ["ENGINE", "TFLocalBackend", "TFSparkBackend", "multi_worker_strategy", "tf_config"]
 
 ENGINE = "tensorflow"
 RUNNER = "TFDistributeRunner"
@@ -72,7 +72,7 @@ class TFLocalBackend(BarrierLocalBackend):
     """Worker processes on the driver machine, on 127.0.0.1.
 
     Args:
-        grace: As :class:`~dist_dl.launch.horovod.local.LocalBackend`'s.
+        grace: As :class:`~dist_dl.launch.backends.processes.BarrierLocalBackend`'s.
         worker_gpus: The GPU ids each worker gets, all of them its own (an
             empty list: none, CPU training); None: the device plan's one GPU
             per worker where the host has GPUs.
@@ -87,7 +87,7 @@ class TFLocalBackend(BarrierLocalBackend):
 class TFSparkBackend(BarrierSparkBackend):
     """Workers as the tasks of one Spark barrier stage, one worker per task.
 
-    Args: as :class:`~dist_dl.launch.core.rendezvous.BarrierSparkBackend`'s;
+    Args: as :class:`~dist_dl.launch.backends.spark_classic.BarrierSparkBackend`'s;
     ``worker_gpus``: how many of its task's GPUs each rank's worker gets (0:
     none, CPU training; None: the task's GPUs for the device plan).
     """

@@ -1,6 +1,6 @@
 """The torch engine: workers that form one ``torch.distributed`` job, placed
 as torchrun places its workers, as processes on the driver or on the tasks of
-a Spark barrier stage (launched by :mod:`dist_dl.launch.core.rendezvous`).
+a Spark barrier stage (any backend of :mod:`dist_dl.launch.backends`).
 
 Every worker gets torchrun's variables, so ``torch.distributed.init_process_group``
 with its default ``env://`` works unchanged: ``MASTER_ADDR`` and ``MASTER_PORT``
@@ -28,8 +28,9 @@ import sys
 from typing import Any, Callable
 
 from dist_dl.core.placement import HOST_SHARE_VAR
-from dist_dl.launch.core.rendezvous import (BarrierLocalBackend, BarrierSparkBackend, Engine,
-                                    without_foreign_place)
+from dist_dl.launch.backends.processes import BarrierLocalBackend
+from dist_dl.launch.backends.spark_classic import BarrierSparkBackend
+from dist_dl.launch.core.rendezvous import Engine, without_foreign_place
 from dist_dl.launch.core.network import IFNAME_VARS, interface_holding, is_loopback, resolve
 
 __all__ = ["ENGINE", "TORCH_ENGINE", "torch_env", "local_backend", "spark_backend",

@@ -10,30 +10,16 @@ group, so that nothing a worker started outlives the job.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
-import time
 from typing import Any, Callable
 
-import cloudpickle
-
 from dist_dl.core import compat
-from dist_dl.launch.core.errors import JobTimeout, failure_from, runner_prefix
-from dist_dl.launch.core.network import interface_holding
-from dist_dl.launch.core.processes import WorkerProcesses
+from dist_dl.launch.backends.processes import run_processes
+from dist_dl.launch.core.network import loopback_interface
 from dist_dl.launch.core.protocol import DriverSink
 from dist_dl.launch.core.worker import WorkerOptions
 
-__all__ = ["LocalBackend", "run_processes", "loopback_interface"]
-
-
-def loopback_interface() -> str:
-    """The name of the interface that holds 127.0.0.1."""
-    name = interface_holding("127.0.0.1")
-    if name is None:
-        raise RuntimeError("no network interface has 127.0.0.1; local workers need loopback")
-    return name
+__all__ = ["LocalBackend"]
 
 
 class _Rendezvous:
@@ -89,39 +75,3 @@ class LocalBackend:
             return run_processes(fn, kwargs, envs, options, sink, self.grace)
         finally:
             rendezvous.stop()
-
-
-def run_processes(fn: Callable[..., Any], kwargs: dict, envs: list[dict], options: WorkerOptions,
-                  sink: DriverSink, grace: float) -> Any:
-    """Run one worker process per environment in ``envs`` (rank = position)
-    and return rank 0's result; the part of a local launch every engine shares.
-
-    Raises:
-        JobTimeout: the workers outlived ``options.timeout`` + ``grace``.
-        WorkerError: a worker raised or died (see ``failure_from``).
-    """
-    workdir = tempfile.mkdtemp(prefix=f"dist_dl-{options.job_id}-")
-    payload, result = os.path.join(workdir, "payload.pkl"), os.path.join(workdir, "result.pkl")
-    try:
-        with open(payload, "wb") as f:
-            cloudpickle.dump((options, fn, kwargs), f)
-        workers = WorkerProcesses(sink.feed, options.engine)
-        try:
-            for env in envs:
-                workers.start(payload, result, env)
-            deadline = time.monotonic() + options.timeout + grace if options.timeout else None
-            first_failed, expired = workers.wait(deadline)
-        finally:
-            workers.stop()
-            sink.close()
-        if expired:
-            raise JobTimeout(
-                f"{runner_prefix(options.runner)}the job did not finish within its timeout of "
-                f"{options.timeout:g} s (+{grace:g} s grace) and its workers did not stop "
-                "themselves; they were killed")
-        if first_failed is not None:
-            raise failure_from(sink, first_failed, options.timeout, options.runner)
-        with open(result, "rb") as f:
-            return cloudpickle.load(f)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)

@@ -10,7 +10,8 @@ import cloudpickle
 
 from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
 from dist_dl.launch.core import weights
-from dist_dl.launch.core.backend import Backend, select_backend
+from dist_dl.launch.core.backend import Backend
+from dist_dl.launch.horovod.backend import select_backend
 from dist_dl.launch.core.protocol import VERBOSITIES, DriverSink
 from dist_dl.launch.core.worker import WorkerOptions
 

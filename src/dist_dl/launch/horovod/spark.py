@@ -15,17 +15,17 @@ import time
 from typing import Any, Callable
 
 from dist_dl.core import compat
-from dist_dl.core.session import get_spark, task_slots
+from dist_dl.core.session import get_spark
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
 from dist_dl.launch.fork import client as forkserver
 from dist_dl.launch.core.network import interface_holding, is_loopback, resolve
-from dist_dl.launch.core.errors import (JobCancelled, JobTimeout, NotEnoughSlots, failure_from,
-                                   runner_prefix)
+from dist_dl.launch.core.errors import JobCancelled, JobTimeout, failure_from, runner_prefix
 from dist_dl.launch.core.protocol import DriverSink
+from dist_dl.launch.core.slots import check_slots, wait_for_free_slots
 from dist_dl.launch.core.worker import WorkerOptions, launcher_path_env, run_worker
 
-__all__ = ["SparkBackend", "check_slots", "wait_for_free_slots", "cluster_nics"]
+__all__ = ["SparkBackend", "cluster_nics", "DEAD_PEER_SECONDS"]
 
 NICS_KEY = "spark.dist_dl.nics"
 
@@ -67,78 +67,6 @@ def cluster_nics(spark) -> set[str] | None:
         return None
     name = interface_holding(address)
     return None if name is None else {name}
-
-
-def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner",
-                every: float | None = None, label: str | None = None) -> int:
-    """Wait up to ``wait`` seconds for ``num_proc`` task slots; return the count.
-
-    Horovod on Spark needs all its tasks running at once; with fewer slots its
-    tasks would wait for each other until ``start_timeout`` (10 minutes by
-    default). This fails within seconds instead. With ``every``, a line of
-    progress is printed that often while it waits. ``label`` names the runner
-    in the messages as its user wrote it (default ``runner(np=num_proc)``).
-    """
-    label = label or f"{runner}(np={num_proc})"
-    start = time.monotonic()
-    reported = None
-    while True:
-        slots = task_slots(spark)
-        if slots >= num_proc:
-            if reported is not None:
-                print(f"{label}: {slots} task slots after "
-                      f"{time.monotonic() - start:.0f} s, starting", flush=True)
-            return slots
-        waited = time.monotonic() - start
-        master = spark.sparkContext.master
-        if waited >= wait:
-            raise NotEnoughSlots(
-                f"{label} needs {num_proc} Spark tasks running at the same "
-                f"time, but the cluster ({master}) has {slots} task slot(s) now "
-                f"(executor cores / spark.task.cpus; waited {waited:.0f} s). Use np <= {slots}, "
-                f"add workers or cores, or run on the driver machine with np=-{num_proc}.")
-        if every is not None and (reported is None or time.monotonic() - reported >= every):
-            print(f"{label}: waiting for {num_proc} task slots, the cluster "
-                  f"({master}) has {slots} (waited {waited:.0f} s of {wait:g})", flush=True)
-            reported = time.monotonic()
-        time.sleep(0.5)
-
-
-def _busy_slots(sc) -> int:
-    tracker = sc.statusTracker()
-    stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
-    return sum(stage.numActiveTasks for stage in stages if stage is not None)
-
-
-def wait_for_free_slots(spark, num_proc: int, slots: int, timeout: float | None = None,
-                        every: float = 10.0) -> None:
-    """Wait until ``num_proc`` of the cluster's ``slots`` are free, printing
-    a progress line every ``every`` seconds, as Databricks' HorovodRunner
-    does: started while other jobs hold slots, only some of Horovod's tasks
-    would run and the rest would fail on its start timeout.
-
-    Raises:
-        JobTimeout: still not enough free slots after ``timeout`` seconds.
-    """
-    start = time.monotonic()
-    reported = None
-    while True:
-        free = slots - _busy_slots(spark.sparkContext)
-        if free >= num_proc:
-            if reported is not None:
-                print(f"HorovodRunner(np={num_proc}): {free} task slots free, starting", flush=True)
-            return
-        waited = time.monotonic() - start
-        if timeout is not None and waited > timeout:
-            raise JobTimeout(
-                f"HorovodRunner(np={num_proc}) waited {waited:.0f} s (its timeout) for {num_proc} "
-                f"free task slots; other Spark jobs still hold {slots - free} of {slots}")
-        if reported is None or time.monotonic() - reported >= every:
-            print(f"HorovodRunner(np={num_proc}): waiting for {num_proc} free task slots: "
-                  f"{max(free, 0)} of {slots} free, other Spark jobs run on the rest "
-                  f"(waited {waited:.0f} s)", flush=True)
-            reported = time.monotonic()
-        time.sleep(0.5)
 
 
 class SparkBackend:

@@ -18,7 +18,7 @@ service's, then the command's own assignments, as ``env`` applies them), its
 output prefixed line by line as Horovod does (Horovod's
 ``prefix_connection``), the abort events ending the worker and what it
 started (SIGTERM and SIGCONT to its process group, a grace, then SIGKILL, as
-:mod:`dist_dl.launch.horovod.termination` ends the shell's tree), and the exit code a
+:func:`dist_dl.launch.core.termination.terminate_tree` ends the shell's tree), and the exit code a
 shell reports (128 + N for a worker ended by signal N). Any other command,
 another interpreter than this one, or a worker the server does not fork
 (GPUs, ``DIST_DL_FORK_WORKERS=0``, a failure) runs through Horovod's own
@@ -33,7 +33,7 @@ import sys
 import threading
 
 from dist_dl.launch.fork import client as forkserver
-from dist_dl.launch.core.processes import end_process_groups
+from dist_dl.launch.core.termination import end_process_groups
 
 __all__ = ["install", "execute", "worker_command", "ENTRY"]
 

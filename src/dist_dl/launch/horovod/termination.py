@@ -13,11 +13,11 @@ cgroup) waits out the first 5 s too, so its processes outlive the driver's
 timeout error by about 10 s (tests/test_reliability.py, a worker stopped
 with SIGSTOP, on the cluster of separate hosts).
 
-Here the tree is ended as service managers do (systemd sends SIGCONT after
-SIGTERM for this reason): SIGTERM and SIGCONT to every process under the
-shell, the same grace for them to exit, then SIGKILL to what is left and to
-the shell. Horovod is unmaintained (0.28.1 is its last release), so the
-middleman is wrapped rather than fixed upstream.
+Here the tree is ended by :func:`dist_dl.launch.core.termination.terminate_tree`:
+SIGTERM and SIGCONT to every process under the shell, the same grace for them
+to exit, then SIGKILL to what is left and to the shell. Horovod is
+unmaintained (0.28.1 is its last release), so the middleman is wrapped
+rather than fixed upstream.
 
 The wrapping happens where the middleman starts: in the Python worker of each
 Spark task, before Horovod's task function runs (the task prologue that
@@ -30,41 +30,9 @@ module before running Horovod's middleman.
 """
 from __future__ import annotations
 
-import signal
+from dist_dl.launch.core.termination import terminate_tree
 
-__all__ = ["terminate_tree", "prompt_termination"]
-
-GRACE_S = 5.0   # as Horovod's GRACEFUL_TERMINATION_TIME_S
-
-
-def terminate_tree(pid: int, grace: float = GRACE_S) -> None:
-    """End the process ``pid`` (the executor shell) and everything under it:
-    SIGTERM and SIGCONT to every descendant, ``grace`` seconds for them to
-    exit, then SIGKILL to the survivors and to ``pid`` itself."""
-    import psutil
-
-    try:
-        shell = psutil.Process(pid)
-        tree = shell.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for proc in tree:
-        for sig in (signal.SIGTERM, signal.SIGCONT):
-            try:
-                proc.send_signal(sig)
-            except psutil.NoSuchProcess:
-                break
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    # Anything the workers started meanwhile, too.
-    try:
-        alive += [p for p in shell.children(recursive=True) if p not in alive]
-    except psutil.NoSuchProcess:
-        pass
-    for proc in alive + [shell]:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+__all__ = ["prompt_termination"]
 
 
 def _middleman(*args, **kwargs):
