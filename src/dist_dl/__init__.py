@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it.
 _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.horovod.runner",
-    "TFDistributeRunner": "dist_dl.launch.horovod.runner",
+    "TFDistributeRunner": "dist_dl.launch.runners.tf_distribute",
     "MirroredStrategyRunner": "dist_dl.launch.runners.mirrored",
     "TorchDistributor": "dist_dl.launch.runners.torch_distributor",
     "log_to_driver": "dist_dl.launch.core.worker",
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
     from dist_dl.launch.runners.mirrored import MirroredStrategyRunner  # noqa: F401
     from dist_dl.launch.runners.torch_distributor import TorchDistributor  # noqa: F401
-    from dist_dl.launch.horovod.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.horovod.runner import HorovodRunner  # noqa: F401
+    from dist_dl.launch.runners.tf_distribute import TFDistributeRunner  # noqa: F401
     from dist_dl.launch.core.weights import WorkersDiverged  # noqa: F401
     from dist_dl.launch.core.worker import log_to_driver  # noqa: F401
     from dist_dl.train.attempts import TrainingFailed  # noqa: F401

@@ -19,12 +19,12 @@ import workers
 from waits import left_after
 from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
                      WorkersDiverged)
-from dist_dl.launch.core.rendezvous import pick_ports
-from dist_dl.launch.horovod.backend import auto_engine, select_backend
 from dist_dl.launch.core.device import visible_gpus
+from dist_dl.launch.core.rendezvous import pick_ports
+from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
+from dist_dl.launch.horovod.backend import auto_engine, select_backend
 from dist_dl.launch.horovod.local import LocalBackend
 from dist_dl.launch.horovod.spark import SparkBackend
-from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
 
 # Ship the test's worker functions by value: workers need not import `tests`.
 cloudpickle.register_pickle_by_value(workers)
@@ -59,7 +59,7 @@ def test_allreduce_local_processes(engine):
 def test_allreduce_local_spark(spark, engine):
     runner = RUNNERS[engine](np=2, spark=spark)
     expected = {"horovod": SparkBackend, "tensorflow": TFSparkBackend}[engine]
-    assert isinstance(select_backend(2, spark, engine), expected)
+    assert isinstance(runner._default_backend(), expected)
     _check_allreduce(runner.run(ALLREDUCE[engine]))
 
 
@@ -343,9 +343,7 @@ def test_engine_choice():
     except Exception:
         expected = "tensorflow"
     assert auto_engine() == expected
-    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        select_backend(-2, engine="mpi")
+    assert isinstance(TFDistributeRunner(np=-2)._default_backend(), TFLocalBackend)
 
 
 @pytest.mark.profile_subset_164
@@ -355,8 +353,8 @@ def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod", None)  # find_spec: not installed
     for num_proc in (-2, 2):
         with pytest.raises(ImportError, match="TFDistributeRunner"):
-            select_backend(num_proc, engine="horovod")
-    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
+            select_backend(num_proc)
+    assert isinstance(TFDistributeRunner(np=-2)._default_backend(), TFLocalBackend)
 
 
 @pytest.mark.profile_subset_164

@@ -6,7 +6,7 @@ from dist_dl.core.lazy import lazy_exports
 
 _EXPORTS = {
     "HorovodRunner": "dist_dl.launch.horovod.runner",
-    "TFDistributeRunner": "dist_dl.launch.horovod.runner",
+    "TFDistributeRunner": "dist_dl.launch.runners.tf_distribute",
     "MirroredStrategyRunner": "dist_dl.launch.runners.mirrored",
     "TorchDistributor": "dist_dl.launch.runners.torch_distributor",
     "multi_worker_strategy": "dist_dl.launch.engines.tensorflow",
@@ -25,7 +25,8 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from dist_dl.launch.horovod.backend import auto_engine  # noqa: F401
     from dist_dl.launch.core.errors import JobCancelled, JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
-    from dist_dl.launch.horovod.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.horovod.runner import HorovodRunner  # noqa: F401
+    from dist_dl.launch.runners.tf_distribute import TFDistributeRunner  # noqa: F401
     from dist_dl.launch.engines.tensorflow import multi_worker_strategy  # noqa: F401
     from dist_dl.launch.runners.mirrored import MirroredStrategyRunner  # noqa: F401
     from dist_dl.launch.runners.torch_distributor import TorchDistributor  # noqa: F401

@@ -5,7 +5,7 @@ import importlib.util
 
 from dist_dl.launch.core.backend import Backend
 
-__all__ = ["select_backend", "auto_engine", "databricks_runner_available", "ENGINES"]
+__all__ = ["select_backend", "auto_engine", "databricks_runner_available"]
 
 
 def databricks_runner_available() -> bool:
@@ -15,9 +15,6 @@ def databricks_runner_available() -> bool:
             hasattr(importlib.import_module("sparkdl"), "HorovodRunner")
     except ImportError:
         return False
-
-
-ENGINES = ("horovod", "tensorflow")
 
 
 def auto_engine() -> str:
@@ -44,22 +41,14 @@ def _require_horovod() -> None:
             "or install Horovod built with Gloo (see the Makefile)")
 
 
-def select_backend(np: int, spark=None, engine: str = "horovod") -> Backend:
-    """``np < 0``: processes on this machine. ``np > 0``: Spark tasks; for
-    Horovod through Databricks' own HorovodRunner where it exists, else
-    Horovod's Spark runner; for ``engine="tensorflow"`` a barrier stage.
+def select_backend(np: int, spark=None) -> Backend:
+    """A Horovod job's backend. ``np < 0``: processes on this machine. ``np >
+    0``: Spark tasks, through Databricks' own HorovodRunner where it exists,
+    else Horovod's Spark runner.
 
-    Args:
-        engine: ``"horovod"``, ``"tensorflow"`` or ``"auto"`` (:func:`auto_engine`).
+    Raises:
+        ImportError: Horovod is not installed (naming what to use instead).
     """
-    if engine == "auto":
-        engine = auto_engine()
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES} or 'auto', got {engine!r}")
-    if engine == "tensorflow":
-        from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
-
-        return TFLocalBackend() if np < 0 else TFSparkBackend(spark)
     if np < 0 or not databricks_runner_available():  # sparkdl brings its own Horovod
         _require_horovod()
     if np < 0:

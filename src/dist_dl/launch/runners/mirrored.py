@@ -18,7 +18,7 @@ failing worker's error reaches the driver with its rank, host and traceback;
 ``timeout``; nothing left running; the workers' output streamed to the driver
 with rank prefixes; tf-keras as ``tf.keras`` where Keras 3 is the default;
 modules shipped with ``sc.addPyFile`` import in the workers; the weights
-check of :class:`~dist_dl.launch.horovod.runner.TFDistributeRunner`.
+check of :class:`~dist_dl.launch.runners.tf_distribute.TFDistributeRunner`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import functools
 import math
 from typing import Any, Callable
 
-from dist_dl.launch.horovod.runner import TFDistributeRunner
+from dist_dl.launch.runners.base import Runner
 from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
 
@@ -45,7 +45,7 @@ def _in_strategy_scope(train_fn: Callable[..., Any], /, **kwargs) -> Any:
         return train_fn(**kwargs)
 
 
-class MirroredStrategyRunner(LazySpark, TFDistributeRunner):
+class MirroredStrategyRunner(LazySpark, Runner):
     """Runs a TensorFlow training function on Spark tasks (or on the driver)
     as one ``MultiWorkerMirroredStrategy`` job; code written for
     ``spark_tensorflow_distributor.MirroredStrategyRunner`` runs with only
@@ -83,6 +83,9 @@ class MirroredStrategyRunner(LazySpark, TFDistributeRunner):
             slots than the driver has GPUs; local CPU training with
             ``num_slots`` > 1.
     """
+
+    engine = "tensorflow"
+    strategy_models = True
 
     def __init__(self, num_slots: int | None = None, *, local_mode: bool = False,
                  use_gpu: bool = True, gpu_resource_name: str = "gpu",

@@ -30,7 +30,7 @@ import math
 import os
 from typing import Any, Callable
 
-from dist_dl.launch.horovod.runner import HorovodRunner
+from dist_dl.launch.runners.base import Runner
 from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
 
@@ -40,7 +40,7 @@ IGNORE_SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
 GPU_RESOURCE = "gpu"
 
 
-class TorchDistributor(LazySpark, HorovodRunner):
+class TorchDistributor(LazySpark, Runner):
     """Runs a PyTorch training function or script on ``num_processes``
     processes that form one ``torch.distributed`` job; code written for
     pyspark's ``TorchDistributor`` runs with only its import changed.
@@ -125,6 +125,11 @@ class TorchDistributor(LazySpark, HorovodRunner):
                 f"has {len(owned)} GPU(s) ({','.join(owned)}): use num_processes <= "
                 f"{len(owned)}, or use_gpu=False")
         return owned[:self.num_processes]
+
+    # What to change when the workers did not train one model (weights.check,
+    # which compares the Keras models a function trained, if any).
+    _sync_fix = ("Average the gradients over the processes and start every process from rank 0's "
+                 "weights (for a Keras model, build it under a tf.distribute strategy's scope).")
 
     def _label(self) -> str:
         where = "" if self.local_mode else ", local_mode=False"
