@@ -180,7 +180,7 @@ wheel: $(STAMP)
 # databricks.yml, the Databricks Asset Bundle, from the job files jobs/*.json (the jobs' one
 # source); tests/unit/test_jobs_bundle.py fails while the committed file is not what this writes.
 bundle: $(STAMP)
-	$(PY) -m dist_dl.app.databricks.jobs.bundle
+	$(PY) -m tools.bundle
 
 # The docs extra is part of dev; a .venv installed before it existed gets it here.
 docs: $(STAMP)

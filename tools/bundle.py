@@ -5,7 +5,7 @@ The job files are the one source of the jobs: ``dist-dl jobs validate | deploy
 holds the same jobs for ``databricks bundle deploy``::
 
     make bundle                                        # databricks.yml from jobs/*.json
-    python -m dist_dl.app.databricks.jobs.bundle --check   # exit 1 if databricks.yml is not current
+    python -m tools.bundle --check   # exit 1 if databricks.yml is not current
 
 Each job has one file per cloud, ``jobs/<job>_<cloud>.json``. What the clouds'
 files share is the top-level resource (a text that differs only by the cloud's
@@ -98,7 +98,7 @@ _VARIABLE = re.compile(r"\$\{var\.([\w-]+)\}")
 _MISSING = object()
 
 _HEADER = """\
-# Generated from {source} by `{command}` (python -m dist_dl.app.databricks.jobs.bundle): do not
+# Generated from {source} by `{command}` (python -m tools.bundle): do not
 # edit. Change the job files and run `{command}`; tests/unit/test_jobs_bundle.py fails while
 # this file is not what the command writes.
 #
@@ -180,7 +180,7 @@ class _Splitter:
             raise BundleError(
                 f"{self.files[cloud]}: {_where(path)} is {value!r}, but variable {name!r} is "
                 f"{known[cloud]!r} elsewhere in the {cloud} files: make them equal, or give this "
-                f"field its own variable in dist_dl.app.databricks.jobs.bundle.VARIABLES")
+                f"field its own variable in tools.bundle.VARIABLES")
         return f"${{var.{name}}}"
 
     def own(self, value: Any, cloud: str, path: tuple) -> Any:
@@ -401,7 +401,7 @@ def generate(folder: Path) -> str:
     problems = bundle_differences(yaml.safe_load(text), sorted(folder.glob("*.json")))
     if problems:
         raise BundleError("the generated bundle does not hold the job files' jobs (a bug in "
-                          "dist_dl.app.databricks.jobs.bundle):\n  " + "\n  ".join(problems))
+                          "tools.bundle):\n  " + "\n  ".join(problems))
     return text
 
 
@@ -543,7 +543,7 @@ def bundle_differences(bundle: dict, files: list[Path]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dist_dl.app.databricks.jobs.bundle [--jobs DIR] [--output FILE] [--check]``.
+    """``python -m tools.bundle [--jobs DIR] [--output FILE] [--check]``.
 
     Args:
         argv: The arguments after the program name.
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         The exit code: 1 if the files cannot be written as a bundle, or with
         ``--check`` if the output file is not what they generate.
     """
-    prog = "python -m dist_dl.app.databricks.jobs.bundle"
+    prog = "python -m tools.bundle"
     parser = argparse.ArgumentParser(
         prog=prog, description="Write databricks.yml, the Databricks Asset Bundle, from the job "
                                "files jobs/<job>_<cloud>.json (their one source).")
