@@ -5,7 +5,9 @@ nothing a worker started outlives it.
 own (the processes of :mod:`dist_dl.launch.backends.processes`, the fork
 server's workers); :func:`terminate_tree` ends a process and everything
 under it by walking the tree (a shell whose children may have left its
-group). Both send SIGTERM and SIGCONT, give a grace, then SIGKILL, as
+group); :func:`end_children` ends what this process started (a worker's
+data-loader pools and subprocesses). Each sends SIGTERM and SIGCONT, gives
+a grace, then SIGKILL, as
 service managers do (systemd sends SIGCONT after SIGTERM: a stopped
 process, by SIGSTOP, a debugger or a frozen cgroup, acts on SIGTERM only
 once continued).
@@ -17,7 +19,7 @@ import signal
 import subprocess
 import time
 
-__all__ = ["end_process_groups", "terminate_tree", "GRACE_S"]
+__all__ = ["end_process_groups", "terminate_tree", "end_children", "child_pids", "GRACE_S"]
 
 GRACE_S = 5.0   # as Horovod's GRACEFUL_TERMINATION_TIME_S
 
@@ -31,24 +33,62 @@ def terminate_tree(pid: int, grace: float = GRACE_S) -> None:
     try:
         shell = psutil.Process(pid)
         tree = shell.children(recursive=True)
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         return
-    for proc in tree:
-        for sig in (signal.SIGTERM, signal.SIGCONT):
-            try:
-                proc.send_signal(sig)
-            except psutil.NoSuchProcess:
-                break
-    _, alive = psutil.wait_procs(tree, timeout=grace)
+    alive = _stop(tree, grace)
     # Anything the workers started meanwhile, too.
     try:
         alive += [p for p in shell.children(recursive=True) if p not in alive]
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         pass
-    for proc in alive + [shell]:
+    _kill(alive + [shell])
+
+
+def child_pids() -> frozenset:
+    """The process ids of every process this one started, still running."""
+    import psutil
+
+    try:
+        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return frozenset()
+
+
+def end_children(keep: frozenset = frozenset(), grace: float = 3.0) -> None:
+    """End every process this one started that is still running, but those
+    in ``keep`` (process ids): SIGTERM and SIGCONT, ``grace`` seconds, then
+    SIGKILL."""
+    import psutil
+
+    try:
+        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+    except psutil.Error:
+        return
+    _kill(_stop(children, grace))
+
+
+def _stop(procs: list, grace: float) -> list:
+    """SIGTERM and SIGCONT to each of ``procs`` (``psutil.Process``); those
+    still alive after ``grace`` seconds."""
+    import psutil
+
+    for proc in procs:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                break
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    return alive
+
+
+def _kill(procs: list) -> None:
+    import psutil
+
+    for proc in procs:
         try:
             proc.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
 
 

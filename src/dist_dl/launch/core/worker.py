@@ -23,7 +23,7 @@ from typing import Any, Callable
 from dist_dl.core import compat
 from dist_dl.core import placement
 from dist_dl.core.redact import redact_secrets
-from dist_dl.launch.core import device, protocol
+from dist_dl.launch.core import device, protocol, termination
 
 __all__ = ["WorkerOptions", "run_worker", "log_to_driver"]
 
@@ -191,7 +191,7 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
     # Children that exist already are not this job's: in-process delegation
     # (sparkdl's worker, a test) runs us inside a process that has its own
     # children, such as the Spark JVM of a driver, which must survive.
-    preexisting = _child_pids()
+    preexisting = termination.child_pids()
     if options.capture_output:
         _capture = _OutputCapture(rank)
     try:
@@ -221,7 +221,11 @@ def run_worker(options: WorkerOptions, fn: Callable[..., Any], kwargs: dict) -> 
             sys.stderr.flush()
         raise
     finally:
-        _end_children(preexisting)
+        # Nothing a worker started may outlive it: Horovod's Spark task
+        # service stops only the worker process itself when it exits on its
+        # own, so a child (a data-loader pool, a subprocess) would be left
+        # orphaned. Children that existed before the function started stay.
+        termination.end_children(preexisting)
         if _capture is not None:
             _capture.close()
             _capture = None
@@ -240,43 +244,6 @@ def _report_weights(rank: int) -> None:
               f"check against rank 0's ({type(exc).__name__}: {exc})", file=sys.stderr)
         return
     _capture.control(protocol.encode_control(weights.RECORD, rank, models=models))
-
-
-def _child_pids() -> frozenset:
-    import psutil
-
-    try:
-        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
-    except psutil.Error:
-        return frozenset()
-
-
-def _end_children(keep: frozenset = frozenset(), wait: float = 3.0) -> None:
-    """Stop every process this worker started that is still running.
-
-    Nothing a worker started may outlive it: Horovod's Spark task service
-    stops only the worker process itself when it exits on its own, so a
-    child (a data-loader pool, a subprocess) would be left orphaned.
-    Processes in ``keep`` (children that existed before the job's function
-    started) are left alone.
-    """
-    import psutil
-
-    try:
-        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
-    except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=wait)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
 
 
 class _Deadline:
@@ -303,7 +270,7 @@ class _Deadline:
         else:
             sys.stderr.write(record)
             sys.stderr.flush()
-        _end_children(keep, wait=1.0)
+        termination.end_children(keep, grace=1.0)
         if _capture is not None:
             _capture.close(join_timeout=2)
         os._exit(TIMEOUT_EXIT_CODE)
@@ -460,7 +427,7 @@ def _watch_parent(every: float = 0.5) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(every)
-        _end_children(wait=1.0)
+        termination.end_children(grace=1.0)
         os._exit(TIMEOUT_EXIT_CODE + 1)
 
     threading.Thread(target=watch, daemon=True, name="dist_dl-parent-watch").start()
