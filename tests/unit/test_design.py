@@ -466,3 +466,15 @@ def test_the_launch_checks_find_what_goes_against_them(tmp_path):
     assert found == ["src/pkg/launch/core/c.py:2: pkg.launch.core.c imports pkg.launch.fork.s",
                      "src/pkg/launch/runners/b.py:1: pkg.launch.runners.b imports pkg.launch.runners.a"]
     assert horovod_imports(src, "pkg") == ["src/pkg/launch/engines/e.py:2"]
+
+
+def test_the_runners_are_siblings_over_one_base():
+    from dist_dl.launch import (HorovodRunner, MirroredStrategyRunner, TFDistributeRunner,
+                                TorchDistributor)
+    from dist_dl.launch.runners.base import Runner
+
+    runners = (HorovodRunner, TFDistributeRunner, MirroredStrategyRunner, TorchDistributor)
+    assert all(issubclass(runner, Runner) for runner in runners)
+    nested = [(a.__name__, b.__name__) for a in runners for b in runners
+              if a is not b and issubclass(a, b)]
+    assert not nested, f"runners that subclass another runner: {nested}"
