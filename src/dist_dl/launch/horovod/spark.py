@@ -11,7 +11,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from typing import Any, Callable
 
 from dist_dl.core import compat
