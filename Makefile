@@ -36,7 +36,7 @@ CONSTRAINTS  := constraints/$(PROFILE_NAME).txt
 # where it has neither Horovod nor Petastorm, that the library picks tf.distribute
 # and the pyarrow reader by itself (engine and reader "auto").
 GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'
-AUTO_CHECK := from dist_dl.launch.backend import auto_engine; from dist_dl.read.dataset import choose_reader; \
+AUTO_CHECK := from dist_dl.launch import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
               assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
 ifeq ($(PROFILE_NAME),$(DEFAULT_PROFILE))
@@ -185,7 +185,7 @@ wheel: $(STAMP)
 # databricks.yml, the Databricks Asset Bundle, from the job files jobs/*.json (the jobs' one
 # source); tests/unit/test_jobs_bundle.py fails while the committed file is not what this writes.
 bundle: $(STAMP)
-	$(PY) -m dist_dl.app.databricks.jobs.bundle
+	$(PY) -m tools.bundle
 
 # The docs extra is part of dev; a .venv installed before it existed gets it here.
 docs: $(STAMP)

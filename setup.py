@@ -38,7 +38,7 @@ setup(
         "databricks-sdk>=0.20",
         "psutil>=5.9",
         # The process title of a worker forked by the fork server
-        # (dist_dl.launch._fork_server): ps names the worker's command.
+        # (dist_dl.launch.fork._server): ps names the worker's command.
         "setproctitle>=1.3",
         "pillow>=9",
         "pyyaml>=6",
@@ -55,7 +55,7 @@ setup(
         # no Petastorm, and 0.13.1 does not import with their pyarrow 16+; the
         # arrow reader (dist_dl.read.arrow) needs only pyarrow.
         "petastorm": ["petastorm>=0.12.1"],
-        # PyTorch, for TorchDistributor (dist_dl.launch.torch_distributor):
+        # PyTorch, for TorchDistributor (dist_dl.launch.runners.torch_distributor):
         # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
         # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
         # simplejpeg: the torch loader's JPEG decoder on the CPU

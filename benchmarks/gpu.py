@@ -227,7 +227,7 @@ def _cpu_seconds(process) -> float:
 def run_plain(setup: str, shards: str, folder: str, args, gpus: int) -> dict:
     import torch.multiprocessing as mp
 
-    from dist_dl.launch.barrier import pick_ports
+    from dist_dl.launch.core.rendezvous import pick_ports
 
     out = os.path.join(folder, f"plain-{setup}.json")
     started = time.perf_counter()

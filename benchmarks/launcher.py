@@ -11,11 +11,11 @@
 3. Worker start, forked against new interpreters: a whole
    ``HorovodRunner(np=-2).run()`` of a function that initialises Horovod and
    allreduces once, its workers forked from the fork server
-   (``dist_dl.launch.forkserver``, the default) and started as new
+   (``dist_dl.launch.fork.client``, the default) and started as new
    interpreters (``DIST_DL_FORK_WORKERS=0``), interleaved; the wall seconds
    and the machine's CPU seconds (``/proc/stat``) of each job. The same for
    ``HorovodRunner(np=2)`` on local[2] Spark, whose workers fork from a
-   server in each task's Python worker (``dist_dl.launch.sparkfork``). The
+   server in each task's Python worker (``dist_dl.launch.horovod.sparkfork``). The
    servers' own start is left out (a warm-up job of each before the rounds):
    it is paid once per driver process (or Python worker) and environment.
    Written to ``--results`` (``worker_start.*``, ``worker_start.spark.*``).
@@ -68,7 +68,7 @@ def worker_start(rounds: int, np: int, spark=None) -> dict:
 
     from dist_dl import HorovodRunner
     from dist_dl.app.bench.measure import machine_busy_seconds
-    from dist_dl.launch.forkserver import SWITCH
+    from dist_dl.launch.fork.client import SWITCH
 
     setups = {"forked": "1", "new_interpreter": "0"}
     found = {name: {"wall": [], "cpu": []} for name in setups}

@@ -17,8 +17,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-# The tests' own helpers (tests/support/) import by name in every tier.
+# The tests' own helpers (tests/support/) import by name in every tier, and so
+# do the repository's tools (tools/, not in the wheel).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above)
 

@@ -34,15 +34,15 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "HorovodRunner": "dist_dl.launch.runner",
-    "TFDistributeRunner": "dist_dl.launch.runner",
-    "MirroredStrategyRunner": "dist_dl.launch.mirrored",
-    "TorchDistributor": "dist_dl.launch.torch_distributor",
-    "log_to_driver": "dist_dl.launch.worker",
-    "WorkerError": "dist_dl.launch.errors",
-    "JobTimeout": "dist_dl.launch.errors",
-    "NotEnoughSlots": "dist_dl.launch.errors",
-    "WorkersDiverged": "dist_dl.launch.weights",
+    "HorovodRunner": "dist_dl.launch.horovod.runner",
+    "TFDistributeRunner": "dist_dl.launch.runners.tf_distribute",
+    "MirroredStrategyRunner": "dist_dl.launch.runners.mirrored",
+    "TorchDistributor": "dist_dl.launch.runners.torch_distributor",
+    "log_to_driver": "dist_dl.launch.core.worker",
+    "WorkerError": "dist_dl.launch.core.errors",
+    "JobTimeout": "dist_dl.launch.core.errors",
+    "NotEnoughSlots": "dist_dl.launch.core.errors",
+    "WorkersDiverged": "dist_dl.launch.core.weights",
     "train_distributed": "dist_dl.train.driver",
     "TrainedModel": "dist_dl.train.driver",
     "TrainingFailed": "dist_dl.train.attempts",
@@ -52,12 +52,13 @@ _EXPORTS = {
 # What the names are, for type checkers and the API reference (mkdocstrings);
 # at run time each is imported on first use.
 if TYPE_CHECKING:
-    from dist_dl.launch.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
-    from dist_dl.launch.mirrored import MirroredStrategyRunner  # noqa: F401
-    from dist_dl.launch.torch_distributor import TorchDistributor  # noqa: F401
-    from dist_dl.launch.runner import HorovodRunner, TFDistributeRunner  # noqa: F401
-    from dist_dl.launch.weights import WorkersDiverged  # noqa: F401
-    from dist_dl.launch.worker import log_to_driver  # noqa: F401
+    from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots, WorkerError  # noqa: F401
+    from dist_dl.launch.runners.mirrored import MirroredStrategyRunner  # noqa: F401
+    from dist_dl.launch.runners.torch_distributor import TorchDistributor  # noqa: F401
+    from dist_dl.launch.horovod.runner import HorovodRunner  # noqa: F401
+    from dist_dl.launch.runners.tf_distribute import TFDistributeRunner  # noqa: F401
+    from dist_dl.launch.core.weights import WorkersDiverged  # noqa: F401
+    from dist_dl.launch.core.worker import log_to_driver  # noqa: F401
     from dist_dl.train.attempts import TrainingFailed  # noqa: F401
     from dist_dl.train.config import TrainConfig  # noqa: F401
     from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401

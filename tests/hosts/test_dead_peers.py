@@ -1,5 +1,5 @@
 """The driver's connections to a host that drops off the network end within
-the launcher's bound (dist_dl.launch.spark.DEAD_PEER_SECONDS), in the two
+the launcher's bound (dist_dl.launch.horovod.spark.DEAD_PEER_SECONDS), in the two
 cases TCP keepalive does not cover: a connect() to the silent host, and a
 connection with data sent and never acknowledged. Horovod's driver makes such
 connections to its task services (a new one per request), so an unbounded one
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.hosts]
 
 _PROBE = '''
 import json, socket, sys, threading, time
-from dist_dl.launch.spark import DEAD_PEER_SECONDS, _KeepAliveSockets
+from dist_dl.launch.horovod.spark import DEAD_PEER_SECONDS, _KeepAliveSockets
 
 address, port = sys.argv[1], int(sys.argv[2])
 sockets = _KeepAliveSockets()

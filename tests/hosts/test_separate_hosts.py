@@ -109,7 +109,7 @@ def test_horovod_runner_between_worker_hosts(hosts):
     """HorovodRunner(np=2): one worker on each worker host, Gloo over eth0,
     the rendezvous at the driver's own address. PYTHONHASHSEED=0 makes
     Horovod's own interface choice pick loopback, as it does in about half of
-    driver processes (see dist_dl.launch.spark.cluster_nics)."""
+    driver processes (see dist_dl.launch.horovod.spark.cluster_nics)."""
     out = hosts.run_driver(_RUNNER % "", env={"PYTHONHASHSEED": "0"})
     workers = sorted(out["workers"], key=lambda w: w["rank"])
     assert {w["host"] for w in workers} == {"worker1", "worker2"}

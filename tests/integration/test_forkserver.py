@@ -1,4 +1,4 @@
-"""The fork server (dist_dl.launch.forkserver): a forked worker is the
+"""The fork server (dist_dl.launch.fork.client): a forked worker is the
 process a new interpreter would be, the server is reused and replaced by
 its import key, nothing outlives the process that launched it, and an
 executor's one server serves its Python workers (its own user's only) and
@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from dist_dl.launch import forkserver
-from dist_dl.launch.worker import launcher_path_env
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.worker import launcher_path_env
 from waits import left_after
 
 pytestmark = pytest.mark.profile_subset_164
@@ -157,8 +157,8 @@ def test_an_idle_server_exits_and_the_next_launch_starts_another(tmp_path, monke
 def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
     program = textwrap.dedent(f"""
         import os, sys, time
-        from dist_dl.launch import forkserver
-        from dist_dl.launch.worker import launcher_path_env
+        from dist_dl.launch.fork import client as forkserver
+        from dist_dl.launch.core.worker import launcher_path_env
         env = {{**os.environ, **launcher_path_env()}}
         worker = forkserver.start("forked_probe", [{str(tmp_path / 'w.json')!r}, "sleep"], env,
                                   "horovod")
@@ -186,8 +186,8 @@ def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
 # prints the worker's and the server's pids, and waits to be killed.
 _CLIENT = """
 import os, sys, time
-from dist_dl.launch import forkserver
-from dist_dl.launch.worker import launcher_path_env
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.worker import launcher_path_env
 env = {**os.environ, **launcher_path_env()}
 owner, out = int(sys.argv[1]), sys.argv[2]
 address = forkserver._address(owner, forkserver._key(env, []))
@@ -227,7 +227,7 @@ def test_an_executors_server_serves_its_python_workers_and_ends_with_the_executo
         # One server for both, in a session of its own, ending with OWNER.
         assert second_server == server
         command = psutil.Process(server).cmdline()
-        assert command[2] == "dist_dl.launch._fork_server" and command[-1] == str(owner.pid)
+        assert command[2] == "dist_dl.launch.fork._server" and command[-1] == str(owner.pid)
         # A process of another user is not served.
         stranger = client("c.json", "65534")
         assert stranger.stdout.readline().startswith("refused"), "another user was served"
@@ -250,7 +250,7 @@ def test_an_executors_server_serves_its_python_workers_and_ends_with_the_executo
 @pytest.mark.timeout(60)
 def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported():
     program = ("import json, importlib.util, sys\n"
-               "from dist_dl.launch.forkserver import preload_for\n"
+               "from dist_dl.launch.fork.client import preload_for\n"
                "before = {e: preload_for(e) for e in ('horovod', 'tensorflow')}\n"
                "told = preload_for('horovod', imported=['tensorflow'])\n"
                "import numpy, tensorflow\n"
@@ -300,7 +300,7 @@ def test_horovod_workers_on_spark_fork_from_their_executors_one_server(spark, ca
             # Horovod's binding of it, started by a task's Python worker (this
             # job's or an earlier one's, PySpark may have ended it since) and
             # ending with the executor's PySpark daemon (its last argument).
-            assert worker["server_cmdline"][1:3] == ["-m", "dist_dl.launch._fork_server"], worker
+            assert worker["server_cmdline"][1:3] == ["-m", "dist_dl.launch.fork._server"], worker
             assert worker["server_cmdline"][4] == "tensorflow,horovod.tensorflow", worker
             daemon = psutil.Process(int(worker["server_cmdline"][-1]))
             assert "pyspark.daemon" in " ".join(daemon.cmdline()), worker
@@ -324,8 +324,8 @@ def test_the_drivers_switch_reaches_the_workers_on_spark_tasks(spark, monkeypatc
     cloudpickle.register_pickle_by_value(workers)
     runner = {"horovod": HorovodRunner, "tensorflow": TFDistributeRunner}[engine]
     forked = runner(np=2, spark=spark).run(workers.parent_command)
-    assert forked[1:3] == ["-m", "dist_dl.launch._fork_server"], forked
+    assert forked[1:3] == ["-m", "dist_dl.launch.fork._server"], forked
     # DIST_DL_FORK_WORKERS=0 on the driver: its Spark tasks start new interpreters.
     monkeypatch.setenv("DIST_DL_FORK_WORKERS", "0")
     started = runner(np=2, spark=spark).run(workers.parent_command)
-    assert "dist_dl.launch._fork_server" not in started, started
+    assert "dist_dl.launch.fork._server" not in started, started

@@ -55,9 +55,9 @@ def _make_wheel(tmp_path) -> Path:
     return wheel
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_deploy_command_uploads_the_wheel_that_make_builds(workspace, job_file, tmp_path, capsys):
-    built = _make_wheel(tmp_path)
+    built = built_path = _make_wheel(tmp_path)
     assert main(["jobs", "deploy", str(job_file), "--wheel", str(built)]) == 0
     (path, content), = workspace.files.items()
     assert re.search(r"/dist_dl-0\.1\.0-py3-none-any\.whl$", path)
@@ -70,3 +70,23 @@ def test_deploy_command_uploads_the_wheel_that_make_builds(workspace, job_file, 
     library = workspace.jobs[next(iter(workspace.jobs))]["tasks"][0]["libraries"][0]["whl"]
     assert library == "/Workspace" + path
     assert "created job" in capsys.readouterr().out
+    # The wheel holds the product, not the repository's tools (tools/bundle.py),
+    # and `dist-dl jobs validate` and `deploy` work from it alone, in a project
+    # folder holding only jobs/ and notebooks/ (nothing read from a checkout).
+    assert not [n for n in names if n.startswith("tools/") or n.endswith("/bundle.py")]
+    project, installed = tmp_path / "project", tmp_path / "installed"
+    for folder in ("jobs", "notebooks"):
+        shutil.copytree(ROOT / folder, project / folder)
+    with zipfile.ZipFile(built_path) as wheel_file:  # a pure-Python wheel installs as it unpacks
+        wheel_file.extractall(installed)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, dist_dl; from dist_dl.app.databricks.jobs import main; "
+         "assert dist_dl.__file__.startswith(sys.argv[1]), dist_dl.__file__; "
+         "assert main(['jobs', 'validate']) == 0; "
+         "sys.exit(main(['jobs', 'deploy', sys.argv[2], '--wheel', sys.argv[3]]))",
+         str(installed), str(job_file), str(built_path)],
+        cwd=project, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(installed)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(f"{p.name}: ok" in done.stdout for p in JOBS.glob("*.json")), done.stdout
+    assert "updated job" in done.stdout, done.stdout

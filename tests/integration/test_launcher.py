@@ -19,11 +19,12 @@ import workers
 from waits import left_after
 from dist_dl import (HorovodRunner, JobTimeout, NotEnoughSlots, TFDistributeRunner, WorkerError,
                      WorkersDiverged)
-from dist_dl.launch.backend import auto_engine, select_backend
-from dist_dl.launch.device import visible_gpus
-from dist_dl.launch.local import LocalBackend
-from dist_dl.launch.spark import SparkBackend
-from dist_dl.launch.tfdist import TFLocalBackend, TFSparkBackend, pick_ports
+from dist_dl.launch.core.device import visible_gpus
+from dist_dl.launch.core.rendezvous import pick_ports
+from dist_dl.launch.engines.tensorflow import TFLocalBackend, TFSparkBackend
+from dist_dl.launch.horovod.backend import auto_engine, select_backend
+from dist_dl.launch.horovod.local import LocalBackend
+from dist_dl.launch.horovod.spark import SparkBackend
 
 # Ship the test's worker functions by value: workers need not import `tests`.
 cloudpickle.register_pickle_by_value(workers)
@@ -58,7 +59,7 @@ def test_allreduce_local_processes(engine):
 def test_allreduce_local_spark(spark, engine):
     runner = RUNNERS[engine](np=2, spark=spark)
     expected = {"horovod": SparkBackend, "tensorflow": TFSparkBackend}[engine]
-    assert isinstance(select_backend(2, spark, engine), expected)
+    assert isinstance(runner._default_backend(), expected)
     _check_allreduce(runner.run(ALLREDUCE[engine]))
 
 
@@ -216,7 +217,7 @@ def test_worker_killed_by_signal_is_named(engine):
 def test_of_workers_failed_at_once_the_one_killed_by_a_signal_is_the_cause():
     # A worker SIGKILLed in an allreduce and its peer failing because of it
     # (exit code 1) are often both seen at the next poll: the signal is named.
-    from dist_dl.launch.processes import WorkerProcesses
+    from dist_dl.launch.backends.processes import WorkerProcesses
 
     procs = WorkerProcesses(feed=lambda line: None, engine="horovod")
     procs.procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
@@ -307,24 +308,24 @@ def test_tf_ports_are_distinct_free_and_below_the_ephemeral_range():
 def test_tf_output_server_needs_the_job_token():
     import socket
 
-    from dist_dl.launch.protocol import DriverSink, encode_control
-    from dist_dl.launch.barrier import _DriverChannel, _OutputServer
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.channel import DriverChannel, OutputServer
 
     failures = []
     sink = DriverSink("all")
-    server = _OutputServer("127.0.0.1", sink, on_failure=lambda: failures.append(1))
+    server = OutputServer("127.0.0.1", sink, on_failure=lambda: failures.append(1))
     try:
         with socket.create_connection(server.address) as intruder:
             intruder.sendall(b"guess\n0\n" + encode_control("error", 0, type="X",
                                                               message="forged").encode())
             assert intruder.recv(10) == b""  # dropped without a reply
-        channel = _DriverChannel(server.address, server.token, rank=1)
+        channel = DriverChannel(server.address, server.token, rank=1)
         assert channel.go
         channel.send("[1]<stdout>:hello\n")
         channel.send(encode_control("exit", 1, code=3))
         channel.close()
         # The same rank again (Spark retrying the barrier stage) is told not to run.
-        again = _DriverChannel(server.address, server.token, rank=1)
+        again = DriverChannel(server.address, server.token, rank=1)
         assert not again.go
         again.close()
     finally:
@@ -342,9 +343,7 @@ def test_engine_choice():
     except Exception:
         expected = "tensorflow"
     assert auto_engine() == expected
-    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        select_backend(-2, engine="mpi")
+    assert isinstance(TFDistributeRunner(np=-2)._default_backend(), TFLocalBackend)
 
 
 @pytest.mark.profile_subset_164
@@ -354,8 +353,8 @@ def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod", None)  # find_spec: not installed
     for num_proc in (-2, 2):
         with pytest.raises(ImportError, match="TFDistributeRunner"):
-            select_backend(num_proc, engine="horovod")
-    assert isinstance(select_backend(-2, engine="tensorflow"), TFLocalBackend)
+            select_backend(num_proc)
+    assert isinstance(TFDistributeRunner(np=-2)._default_backend(), TFLocalBackend)
 
 
 @pytest.mark.profile_subset_164
@@ -375,7 +374,7 @@ def test_threads_env_and_pinning():
 @pytest.mark.timeout(120)
 def test_worker_process_ends_with_its_function_after_its_exit_handlers(tmp_path):
     # A local worker leaves without Python's final teardown (where a tf.data
-    # iterator can deadlock, see launch/_worker_main.py): exit handlers still
+    # iterator can deadlock, see launch/core/_worker_main.py): exit handlers still
     # run, and a thread the function left behind does not keep the job alive
     # (it sleeps for ten minutes; the test's timeout is two).
     assert HorovodRunner(np=-2).run(workers.leave_a_thread_and_an_exit_handler,
@@ -390,7 +389,7 @@ def test_worker_process_on_spark_ends_with_its_function_after_its_exit_handlers(
         spark, tmp_path):
     # The same for workers in Spark tasks, which Horovod starts with an entry
     # of its own that returned into a normal interpreter exit: a hang after
-    # the last epoch was seen there (launch/spark.py,
+    # the last epoch was seen there (launch/horovod/spark.py,
     # _workers_exit_without_final_collection); here the left thread would
     # keep it for ten minutes.
     assert HorovodRunner(np=2, spark=spark).run(workers.leave_a_thread_and_an_exit_handler,
@@ -492,7 +491,7 @@ def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
     import sparkdl
     import sparkdl.horovod
 
-    from dist_dl.launch.databricks import DatabricksBackend
+    from dist_dl.launch.horovod.sparkdl import DatabricksBackend
 
     try:
         assert isinstance(select_backend(4), DatabricksBackend)
@@ -536,8 +535,8 @@ def test_a_rank_that_gloo_timed_out_names_the_hosts_of_its_peers():
     """A worker that ends because Gloo waited past its timeout for another
     rank is the one that waited; the error says so, and names the other ranks
     with their hosts (one of them stopped answering)."""
-    from dist_dl.launch.errors import failure_from
-    from dist_dl.launch.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.errors import failure_from
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
 
     sink = DriverSink("log_callback_only")
     sink.feed(encode_control("start", 0, pid=11, host="worker1", time=0.0))
@@ -571,8 +570,8 @@ def test_a_collective_error_with_nothing_better_names_the_peers_on_its_first_lin
     collective failed and names the other ranks with their hosts on its first
     line, not only the wrapper's first line. A rank's own error is still
     reported as it is."""
-    from dist_dl.launch.errors import failure_from
-    from dist_dl.launch.protocol import DriverSink, encode_control
+    from dist_dl.launch.core.errors import failure_from
+    from dist_dl.launch.core.protocol import DriverSink, encode_control
 
     sink = DriverSink("log_callback_only")
     sink.feed(encode_control("start", 0, pid=11, host="worker2", time=0.0))

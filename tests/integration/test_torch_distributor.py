@@ -46,7 +46,7 @@ def _workers_left(within: float = 10.0) -> list[str]:
         left = []
         for proc in psutil.Process().children(recursive=True):
             try:
-                if ("dist_dl.launch._worker_main" in " ".join(proc.cmdline())
+                if ("dist_dl.launch.core._worker_main" in " ".join(proc.cmdline())
                         and proc.status() != psutil.STATUS_ZOMBIE):
                     left.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
             except psutil.Error:
@@ -116,7 +116,7 @@ def test_a_spark_task_may_run_several_processes(spark):
     """What a task with several GPUs runs (spark.task.resource.gpu.amount > 1):
     one process per GPU, here on CPU: task 0 runs ranks 0 and 1, task 1 rank 2."""
     from dist_dl import HorovodRunner
-    from dist_dl.launch.torchdist import spark_backend
+    from dist_dl.launch.engines.torch import spark_backend
 
     runner = HorovodRunner(np=2, backend=spark_backend(spark, layout=[2, 1], gpus=[0, 0]))
     value, places = runner.run(allreduce_and_place, scale=1)

@@ -110,8 +110,8 @@ def hold_at(epoch, marker):
 
 # Horovod's worker processes on Spark tasks (dist_dl's entry, and Horovod's
 # own, which it replaces) and on the driver machine.
-_HOROVOD = ["dist_dl.launch._spark_worker_main", "horovod.spark.task.gloo_exec_fn",
-            "dist_dl.launch._worker_main"]
+_HOROVOD = ["dist_dl.launch.horovod._spark_worker_main", "horovod.spark.task.gloo_exec_fn",
+            "dist_dl.launch.core._worker_main"]
 
 
 def _hosts_by_ns(cluster) -> dict:

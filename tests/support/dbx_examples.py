@@ -55,7 +55,7 @@ def train_hvd(checkpoint_path, learning_rate=1.0):
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    from dist_dl.launch.callbacks import LogCallback  # sparkdl.horovod.tensorflow.keras there
+    from dist_dl.launch.horovod.callbacks import LogCallback  # sparkdl.horovod.tensorflow.keras there
 
     hvd.init()
     gpus = tf.config.experimental.list_physical_devices("GPU")

@@ -5,7 +5,7 @@ top-level ones), has exactly the jobs of its cloud's JSON files, equal field
 for field through databricks-sdk's job settings classes.
 
 The Databricks CLI (a Go binary) is not installed here; the resolution is
-dist_dl.app.databricks.jobs.bundle.resolve_target, which covers what databricks.yml
+tools.bundle.resolve_target, which covers what databricks.yml
 uses: ``${var.<name>}`` in values, and target resources joined by key (maps key
 by key, ``tasks`` by ``task_key``, ``job_clusters`` by ``job_cluster_key``,
 other lists appended). tests/unit/test_jobs_bundle.py checks that the committed
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dist_dl.app.databricks.jobs import WHEEL_PLACEHOLDER
-from dist_dl.app.databricks.jobs.bundle import (BUNDLE_WHEEL, CLOUDS, bundle_differences,
+from tools.bundle import (BUNDLE_WHEEL, CLOUDS, bundle_differences,
                                                 resolve_target)
 
 pytestmark = pytest.mark.timeout(60)

@@ -292,8 +292,8 @@ WORKER_MODULES = {
     "dist_dl.read.rows": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.read.imaging": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.read.torchdata": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
-    "dist_dl.launch._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
-    "dist_dl.launch.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.launch.core._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
+    "dist_dl.launch.core.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.train.engines.core": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
     "dist_dl.train.engines.keras_common": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
     "dist_dl.train.engines.horovod": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),
@@ -387,3 +387,94 @@ def test_each_engine_is_one_module_that_shares_only_the_core():
         assert callable(getattr(loaded, "train", None)) and \
             callable(getattr(loaded, "runner", None)), \
             f"engine {name!r} ({module}) must define train(spec) and runner(cfg, backend, spark)"
+
+
+# dist_dl.launch's folders, lowest first: each imports only from its own
+# folder and those before it. runners/ holds the base of every runner (and the
+# runners of the maintained engines); horovod/, the one folder that touches
+# Horovod, comes last, so that it can be left out without touching the rest.
+LAUNCH_LAYERS = ("core", "fork", "backends", "engines", "runners", "horovod")
+
+
+def launch_violations(graph: dict[str, dict[str, int]], src: Path, package: str) -> list[str]:
+    """Each import in ``package``.launch that goes against ``LAUNCH_LAYERS``
+    (or from one runner module to another), as "file:line: what"."""
+    prefix = f"{package}.launch."
+
+    def folder(module: str) -> str | None:
+        return module[len(prefix):].split(".")[0] if module.startswith(prefix) else None
+
+    found = []
+    for module, edges in sorted(graph.items()):
+        here = folder(module)
+        if here is None:
+            continue
+        for other, line in sorted(edges.items(), key=lambda e: e[1]):
+            there = folder(other)
+            if there is None or other == module:
+                continue
+            sibling = (here == there == "runners" and other != f"{package}.launch.runners.base"
+                       and not other.endswith(".runners"))
+            if LAUNCH_LAYERS.index(there) > LAUNCH_LAYERS.index(here) or sibling:
+                found.append(f"{_file(src, package, module)}:{line}: {module} imports {other}")
+    return found
+
+
+def horovod_imports(src: Path, package: str) -> list[str]:
+    """Each import of Horovod in ``package`` outside ``package``.launch.horovod,
+    of the launch package, as "file:line"."""
+    found = []
+    for name, (path, _) in sorted(_modules(src, package).items()):
+        if not name.startswith(f"{package}.launch.") or name.startswith(f"{package}.launch.horovod"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n == "horovod" or n.startswith("horovod.") for n in names):
+                found.append(f"{_file(src, package, name)}:{node.lineno}")
+    return found
+
+
+def test_launch_folders_import_only_their_own_and_earlier_ones():
+    modules = [m for m in _modules(SRC, "dist_dl") if m.startswith("dist_dl.launch.")]
+    unplaced = sorted(m for m in modules if m.split(".")[2] not in LAUNCH_LAYERS)
+    assert not unplaced, f"modules of dist_dl.launch in no folder of LAUNCH_LAYERS: {unplaced}"
+    found = launch_violations(import_graph(SRC, "dist_dl", deferred=True), SRC, "dist_dl")
+    assert not found, "imports against dist_dl.launch's folders (" + " < ".join(LAUNCH_LAYERS) + \
+        "; runners import only runners.base):\n" + "\n".join(found)
+    found = horovod_imports(SRC, "dist_dl")
+    assert not found, "Horovod imported outside dist_dl.launch.horovod:\n" + "\n".join(found)
+
+
+def test_the_launch_checks_find_what_goes_against_them(tmp_path):
+    src = tmp_path / "src"
+    launch = src / "pkg" / "launch"
+    for folder in LAUNCH_LAYERS:
+        (launch / folder).mkdir(parents=True)
+        (launch / folder / "__init__.py").write_text("")
+    (src / "pkg" / "__init__.py").write_text("")
+    (launch / "__init__.py").write_text("")
+    (launch / "core" / "c.py").write_text("def f():\n    from pkg.launch.fork import s\n")
+    (launch / "fork" / "s.py").write_text("from pkg.launch.core import c\n")
+    (launch / "runners" / "base.py").write_text("")
+    (launch / "runners" / "a.py").write_text("from pkg.launch.runners import base\n")
+    (launch / "runners" / "b.py").write_text("from pkg.launch.runners.a import A\n")
+    (launch / "engines" / "e.py").write_text("import os\nimport horovod.torch\n")
+    (launch / "horovod" / "h.py").write_text("from horovod.spark import run\n")
+
+    found = launch_violations(import_graph(src, "pkg", deferred=True), src, "pkg")
+    assert found == ["src/pkg/launch/core/c.py:2: pkg.launch.core.c imports pkg.launch.fork.s",
+                     "src/pkg/launch/runners/b.py:1: pkg.launch.runners.b imports pkg.launch.runners.a"]
+    assert horovod_imports(src, "pkg") == ["src/pkg/launch/engines/e.py:2"]
+
+
+def test_the_runners_are_siblings_over_one_base():
+    from dist_dl.launch import (HorovodRunner, MirroredStrategyRunner, TFDistributeRunner,
+                                TorchDistributor)
+    from dist_dl.launch.runners.base import Runner
+
+    runners = (HorovodRunner, TFDistributeRunner, MirroredStrategyRunner, TorchDistributor)
+    assert all(issubclass(runner, Runner) for runner in runners)
+    nested = [(a.__name__, b.__name__) for a in runners for b in runners
+              if a is not b and issubclass(a, b)]
+    assert not nested, f"runners that subclass another runner: {nested}"

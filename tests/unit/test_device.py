@@ -3,7 +3,7 @@ here: plans are pure)."""
 import pytest
 
 from dist_dl.core.placement import Place, launcher_place
-from dist_dl.launch.device import (CPU_CYCLE_TIME_MS, CPU_LARGE_MODEL_CYCLE_TIME_MS,
+from dist_dl.launch.core.device import (CPU_CYCLE_TIME_MS, CPU_LARGE_MODEL_CYCLE_TIME_MS,
                                    DEFAULT_CYCLE_TIME_VAR, LARGE_GRADIENT_BYTES, cpu_cycle_time_ms,
                                    default_cycle_time, horovod_env_fixes, plan_devices,
                                    visible_gpus)
@@ -38,7 +38,7 @@ def test_tf_worker_in_a_spark_task_with_its_own_gpu_is_given_that_gpu():
 
     tf_config = json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
                             "task": {"type": "worker", "index": 1}})
-    code = ("import os; from dist_dl.launch.worker import WorkerOptions, prepare_environment; "
+    code = ("import os; from dist_dl.launch.core.worker import WorkerOptions, prepare_environment; "
             "prepare_environment(WorkerOptions(job_id='x', engine='tensorflow')); "
             "print(os.environ['CUDA_VISIBLE_DEVICES'], 'HOROVOD_CYCLE_TIME' in os.environ)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
@@ -119,7 +119,7 @@ def test_the_rank_that_writes_comes_from_horovod_or_the_launcher_or_is_0():
 def test_workers_started_by_mpirun_get_their_local_rank_gpu_and_share_of_cores(monkeypatch):
     import os
 
-    from dist_dl.launch.worker import WorkerOptions, _rank, prepare_environment
+    from dist_dl.launch.core.worker import WorkerOptions, _rank, prepare_environment
 
     # The worker's environment as mpirun gives it to local rank 1 of 2 on a
     # host with GPUs 0 and 1 (os.environ replaced by a copy: prepare_environment

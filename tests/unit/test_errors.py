@@ -1,9 +1,9 @@
 """The driver's errors for a failed job name the runner whose job it was
-(dist_dl.launch.errors.failure_from): worker errors and timeouts alike."""
+(dist_dl.launch.core.errors.failure_from): worker errors and timeouts alike."""
 import pytest
 
-from dist_dl.launch.errors import JobTimeout, WorkerError, failure_from
-from dist_dl.launch.protocol import DriverSink, encode_control
+from dist_dl.launch.core.errors import JobTimeout, WorkerError, failure_from
+from dist_dl.launch.core.protocol import DriverSink, encode_control
 
 RUNNER = "MirroredStrategyRunner(num_slots=2)"
 

@@ -468,11 +468,16 @@ def test_validate_command_lists_problems_and_fails(tmp_path, capsys):
 
 
 def test_validate_command_defaults_to_jobs_folder(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # no jobs/ here: the checkout's
+    monkeypatch.chdir(ROOT)  # a project's folder: its jobs/
     assert main(["jobs", "validate"]) == 0
     out = capsys.readouterr().out
     assert all(f"{p.name}: ok" in out for p in JOB_FILES)
-    (tmp_path / "jobs").mkdir()  # an empty jobs/ here is an error, not a pass
+    # Elsewhere no jobs/ (the installed wheel does not reach into a checkout),
+    # and an empty jobs/, are errors, not a pass.
+    monkeypatch.chdir(tmp_path)
+    assert main(["jobs", "validate"]) == 1
+    assert "no job files" in capsys.readouterr().err
+    (tmp_path / "jobs").mkdir()
     assert main(["jobs", "validate"]) == 1
     assert "no job files" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""databricks.yml is generated from jobs/*.json (dist_dl.app.databricks.jobs.bundle,
+"""databricks.yml is generated from jobs/*.json (tools.bundle,
 ``make bundle``): the committed file is what the generator writes, every target
 of what it writes resolves to exactly its cloud's job files, and the generator
 puts what the clouds share, the variables and each cloud's additions where the
@@ -18,7 +18,7 @@ import yaml
 from databricks.sdk.service.jobs import JobSettings
 
 from dist_dl.app.databricks.jobs import WHEEL_PLACEHOLDER
-from dist_dl.app.databricks.jobs.bundle import (BUNDLE_WHEEL, CLOUDS, BundleError, build, generate,
+from tools.bundle import (BUNDLE_WHEEL, CLOUDS, BundleError, build, generate,
                                             main, resolve_target)
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,7 +77,7 @@ def _task(job: dict, key: str) -> dict:
 def test_databricks_yml_is_what_the_job_files_generate():
     assert BUNDLE.read_text() == generate(JOBS), \
         "databricks.yml is not what jobs/*.json generate: run `make bundle` (or `python -m " \
-        "dist_dl.app.databricks.jobs.bundle` in the checkout) and commit databricks.yml"
+        "tools.bundle` in the checkout) and commit databricks.yml"
 
 
 def test_every_generated_target_resolves_to_its_clouds_job_files():
@@ -236,7 +236,7 @@ def test_the_command_writes_checks_and_names_the_fix(small, tmp_path, capsys):
 
 
 def test_python_m_checks_the_checkout():
-    done = subprocess.run([sys.executable, "-m", "dist_dl.app.databricks.jobs.bundle", "--check"],
+    done = subprocess.run([sys.executable, "-m", "tools.bundle", "--check"],
                           cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert "up to date" in done.stdout

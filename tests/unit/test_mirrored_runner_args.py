@@ -9,9 +9,9 @@ import pytest
 
 from dist_dl import HorovodRunner, MirroredStrategyRunner, TFDistributeRunner, WorkersDiverged
 from dist_dl.launch import UnsynchronizedTraining
-from dist_dl.launch.sparkchecks import split as _split
-from dist_dl.launch.tfdist import TFLocalBackend
-from dist_dl.launch.weights import check
+from dist_dl.launch.core.slots import split as _split
+from dist_dl.launch.engines.tensorflow import TFLocalBackend
+from dist_dl.launch.core.weights import check
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.profile_subset_164]
 

@@ -281,7 +281,7 @@ def test_old_attribute_of_an_ensemble_warns():
 
 def test_backend_is_one_thing_a_name_or_a_launcher_object():
     from dist_dl.launch import HorovodRunner, TFDistributeRunner
-    from dist_dl.launch.runner import BACKEND_NAMES
+    from dist_dl.launch.runners.base import BACKEND_NAMES
     from dist_dl.train.config import BACKENDS
 
     assert BACKEND_NAMES == BACKENDS  # the runners' names are TrainConfig.backend's

@@ -1,5 +1,5 @@
 """Which commands of Horovod's Spark task service the library forks
-(dist_dl.launch.sparkfork.worker_command): its own worker's, for this
+(dist_dl.launch.horovod.sparkfork.worker_command): its own worker's, for this
 interpreter, with the environment ``env`` would give it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dist_dl.launch.sparkfork import ENTRY, worker_command
+from dist_dl.launch.horovod.sparkfork import ENTRY, worker_command
 
 pytestmark = pytest.mark.timeout(30)
 

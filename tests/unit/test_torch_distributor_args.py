@@ -7,7 +7,7 @@ import pytest
 import dist_dl
 from dist_dl import TorchDistributor
 from dist_dl.core.placement import Place, host_share, launcher_place
-from dist_dl.launch.torchdist import torch_env
+from dist_dl.launch.engines.torch import torch_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +88,7 @@ def test_torchrun_variables_of_each_place():
 
 
 def test_gloo_and_nccl_use_the_interface_of_the_places_address_unless_set():
-    from dist_dl.launch.local import loopback_interface
+    from dist_dl.launch.core.network import loopback_interface
 
     env = torch_env({}, ["127.0.0.1:29400"], 0, 0, [2])
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == loopback_interface()

@@ -9,7 +9,7 @@ imports the launcher when it is asked for.
 Keras subclasses are defined on first use too.
 
 A worker must set its thread and device environment before TensorFlow loads
-(see ``dist_dl.launch.worker``), and a worker function's modules are imported
+(see ``dist_dl.launch.core.worker``), and a worker function's modules are imported
 before that, when it is unpickled. So a module that offers a subclass of a
 Keras class defines it in a function and exposes it through the module's
 ``__getattr__`` (PEP 562) made here: the class is built, and TensorFlow

@@ -28,7 +28,7 @@ HOST_SHARE_VAR = "DIST_DL_HOST_SHARE"
 # create_slot_env_vars) set HOROVOD_*; Open MPI's mpirun, which Databricks'
 # HorovodRunner starts its workers with, sets OMPI_COMM_WORLD_*. Horovod reads
 # the ranks in the same order (horovod/runner/common/util/env.py). torchrun,
-# and the torch engine (dist_dl.launch.torchdist), set RANK, LOCAL_RANK and
+# and the torch engine (dist_dl.launch.engines.torch), set RANK, LOCAL_RANK and
 # LOCAL_WORLD_SIZE.
 _PLACE_VARIABLES = (("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
                     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",

@@ -21,7 +21,7 @@ _NOT_RETRIED = {"ValueError", "TypeError", "KeyError", "IndexError", "AttributeE
                 "NameError", "ImportError", "ModuleNotFoundError", "NotImplementedError",
                 "AssertionError", "SyntaxError", "ZeroDivisionError", "FileNotFoundError",
                 "InvalidArgumentError", "UnimplementedError",
-                # The cluster's set-up (dist_dl.launch.worker.check_gloo_host_address).
+                # The cluster's set-up (dist_dl.launch.core.worker.check_gloo_host_address).
                 "LoopbackHostname"}
 
 
@@ -149,7 +149,7 @@ def wait_for_capacity(spark, cfg: TrainConfig, spec, attempt: int, failure: str,
     fails while the executor is gone, and its slots come back with the host).
     """
     from dist_dl.launch import NotEnoughSlots
-    from dist_dl.launch.spark import check_slots
+    from dist_dl.launch.core.slots import check_slots
 
     try:
         check_slots(spark, cfg.num_workers, cfg.retry_wait, every=15.0)

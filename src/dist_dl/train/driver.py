@@ -24,7 +24,7 @@ from dist_dl.core.integrity import checkpoint_key, key_id
 from dist_dl.core.locations import local_path
 from dist_dl.core.session import get_spark
 from dist_dl.core.storage import check_shared
-from dist_dl.launch.errors import JobCancelled
+from dist_dl.launch.core.errors import JobCancelled
 from dist_dl.score import score_dataframe
 from dist_dl.tracking.target import absolute_tracking_uri, mlflow_target, store_folder
 from dist_dl.train.attempts import TrainingFailed, resumable_epoch, run_attempts
@@ -340,7 +340,7 @@ def _settings(config: TrainConfig | None, settings: dict) -> TrainConfig:
 def _engine(cfg: TrainConfig) -> str:
     """The engine ``cfg.engine`` names, checked on the driver: Horovod must
     import, and tf.distribute gets no setting only Horovod has."""
-    from dist_dl.launch.backend import auto_engine
+    from dist_dl.launch import auto_engine
     from dist_dl.train.config import HOROVOD_ONLY
 
     # auto_engine() imports Horovod (and TensorFlow): at most once, and not

@@ -12,7 +12,7 @@ Hutter 2017, "SGDR"), which settles the weights at the end of short runs.
 Runs inside each worker. The schedule is driven by the optimizer's iteration
 count, which checkpoints save and restore, so a resumed run continues on the
 same curve. Importing this module does not import TensorFlow (a worker must
-configure its threads first, see dist_dl.launch.worker): the class is created
+configure its threads first, see dist_dl.launch.core.worker): the class is created
 on first access, and registered then as Keras-serialisable
 ("dist_dl>WarmupScaledSchedule").
 """

@@ -165,7 +165,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         def peer():
             import horovod.spark
 
-            from dist_dl.launch.spark import cluster_nics
+            from dist_dl.launch.horovod.spark import cluster_nics
 
             prefix = os.path.join(scratch, f"t{next(counter)}")
             with CpuSampler() as sampler:

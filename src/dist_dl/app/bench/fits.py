@@ -104,7 +104,7 @@ def tf_peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepReco
     the model, the shards, the batch and the threads are the library's."""
     import tensorflow as tf
 
-    from dist_dl.launch.tfdist import multi_worker_strategy
+    from dist_dl.launch.engines.tensorflow import multi_worker_strategy
 
     # The recipe: the strategy first (its collectives: RING on CPU, NCCL on GPUs).
     strategy = multi_worker_strategy()

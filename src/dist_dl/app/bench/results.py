@@ -47,7 +47,7 @@ def _machine() -> str:
         parts.append(f"{pages / 2 ** 30:.0f} GiB")
     except (ValueError, OSError):
         pass
-    from dist_dl.launch.device import visible_gpus
+    from dist_dl.launch.core.device import visible_gpus
 
     gpus = visible_gpus()
     parts.append(f"{len(gpus)} GPU(s)" if gpus else "no GPU")

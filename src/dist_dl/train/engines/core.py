@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dist_dl.core.progress import format_duration
-from dist_dl.launch import device
+from dist_dl.launch.core import device
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["WorkerSpec", "drivers_run", "progress_text", "attempt_text", "rank0_log",

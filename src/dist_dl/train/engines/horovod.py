@@ -24,7 +24,7 @@ import os
 
 from dist_dl.core import compat
 from dist_dl.core.placement import launcher_place
-from dist_dl.launch import device
+from dist_dl.launch.core import device
 from dist_dl.train.config import TrainConfig
 from dist_dl.train.engines.core import WorkerSpec, attempt_text, input_bound_warner, rank0_log
 from dist_dl.train.engines.keras_common import (build_model, fit_and_log, keras_runner,

@@ -246,7 +246,7 @@ def start_tf_distribute(tf, spec: WorkerSpec):
     precision first (the strategy configures the runtime), then
     MultiWorkerMirroredStrategy from ``TF_CONFIG``, one replica per worker,
     determinism and per-rank seeds."""
-    from dist_dl.launch.tfdist import multi_worker_strategy
+    from dist_dl.launch.engines.tensorflow import multi_worker_strategy
     from dist_dl.train.checkpoint import CheckpointManager
 
     cfg = spec.config

@@ -61,8 +61,8 @@ def torch_uses_gpu(backend: str, spark) -> bool:
     it has GPUs, on Spark tasks where GPU scheduling gives tasks GPUs
     (``spark.task.resource.gpu.amount``)."""
     from dist_dl.core.sparkconf import conf_value
-    from dist_dl.launch.sparkchecks import driver_gpus
-    from dist_dl.launch.torch_distributor import GPU_RESOURCE
+    from dist_dl.launch.core.slots import driver_gpus
+    from dist_dl.launch.runners.torch_distributor import GPU_RESOURCE
 
     if backend == "local":
         return bool(driver_gpus(spark, GPU_RESOURCE))

@@ -19,8 +19,10 @@ __all__ = ["add_jobs_command", "main"]
 def _cmd_validate(args) -> int:
     files = [Path(f) for f in args.files] or default_job_files()
     if not files:
-        print("dist-dl jobs validate: error: no job files: jobs/ holds no *.json (give FILES)",
-              file=sys.stderr)
+        where = "jobs/ holds no *.json" if Path("jobs").is_dir() else \
+            f"no jobs/ folder in {Path.cwd()}"
+        print(f"dist-dl jobs validate: error: no job files: {where} (run it in the project's "
+              f"folder, or give FILES)", file=sys.stderr)
         return 1
     bad = 0
     for file in files:

@@ -36,11 +36,6 @@ PACKAGE = "dist_dl"
 ENTRY_POINT = "dist-dl"
 """The console script a wheel task runs (``dist_dl.cli:main``; tests check setup.py declares it)."""
 
-# The source checkout, when the package runs from one (src/dist_dl/app/databricks/jobs/ is five
-# folders down): its notebooks/ and jobs/ folders are the defaults for job dicts and for
-# `jobs validate`. An installed wheel has neither; the current folder's are used there.
-_CHECKOUT = Path(__file__).resolve().parents[5]
-
 # The ML runtimes the wheel runs on: 13.0, the first with Python 3.10 (the
 # oldest the wheel supports), to 17.3 LTS ML, the newest a test profile
 # reproduces (dbr-17.3-ml: Spark 4.0, numpy 2.1, MLflow 3.0; setup.py allows
@@ -88,9 +83,9 @@ _CREDENTIAL_KEY = re.compile(r"(?i)(token|secret|password|passwd|credential|\bsa
 
 
 def default_job_files() -> list[Path]:
-    """``jobs/*.json`` of the current folder, or else of the checkout."""
-    folder = Path("jobs") if Path("jobs").is_dir() else _CHECKOUT / "jobs"
-    return sorted(folder.glob("*.json"))
+    """``jobs/*.json`` of the current folder (a project's, holding its jobs/
+    and notebooks/)."""
+    return sorted(Path("jobs").glob("*.json"))
 
 
 def read_job(path: Path) -> dict:
@@ -313,7 +308,9 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     or a repaired run, on a new cluster, resumes).
 
     Args:
-        job: A job file's path, or the job as a dict.
+        job: A job file's path (its notebooks are looked for in notebooks/
+            beside its folder), or the job as a dict (in the current folder's
+            notebooks/).
         source: Name used in the problems (default: the path, or ``"job"``).
         parameter_values: Values for job parameters, as for a run
             (``run(..., params=...)``); default: the declared defaults.
@@ -326,7 +323,7 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
         JobFileError: The file is not JSON, or not a JSON object.
     """
     if isinstance(job, Mapping):
-        data, file, base = copy.deepcopy(dict(job)), source or "job", _CHECKOUT
+        data, file, base = copy.deepcopy(dict(job)), source or "job", Path.cwd()
     else:
         path = Path(job)
         data, file, base = read_job(path), source or str(job), path.resolve().parent.parent
