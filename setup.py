@@ -58,6 +58,14 @@ setup(
         # simplejpeg: the torch loader's JPEG decoder on the CPU
         # (dist_dl.read.imaging; Pillow where it is missing).
         "torch": ["torch>=2.0", "simplejpeg>=1.6"],
+        # TensorFlow, for the engines "horovod" and "tensorflow", their runners
+        # (TFDistributeRunner, MirroredStrategyRunner) and Keras models. Not a
+        # hard requirement: Databricks Runtime 19 ML ships none (the library
+        # trains with PyTorch there), and the runtimes before it their own GPU
+        # build, which a pip-installed TensorFlow would shadow. Keras 2 where
+        # Keras 3 is the default: tf-keras of TensorFlow's version
+        # (dist_dl.core.compat.require_tf_keras names it).
+        "tensorflow": ["tensorflow>=2.15"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],

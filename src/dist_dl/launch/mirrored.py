@@ -26,6 +26,7 @@ import functools
 import math
 from typing import Any, Callable
 
+from dist_dl.core.optional import require_installed
 from dist_dl.launch.runner import TFDistributeRunner
 from dist_dl.launch.sparkchecks import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
@@ -206,10 +207,13 @@ class MirroredStrategyRunner(LazySpark, TFDistributeRunner):
             WorkersDiverged: the workers ended with different weights.
             RuntimeError: the cluster has TLS on and
                 ``tensorflow.spark.distributor.ignoreSsl`` is not true.
+            ImportError: TensorFlow is not installed here (before any worker
+                starts).
         """
         if not callable(train_fn):
             raise TypeError(f"{self._label()}.run: train_fn must be a function, got "
                             f"{type(train_fn).__name__}")
+        require_installed(self.framework, type(self).__name__)
         if self._distributed:
             self._check_encryption()
             self._check_slots()

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
+from dist_dl.core.optional import require_installed
 from dist_dl.launch import weights
 from dist_dl.launch.backend import Backend, select_backend
 from dist_dl.launch.protocol import VERBOSITIES, DriverSink
@@ -61,6 +62,9 @@ class HorovodRunner:
     """
 
     engine = "horovod"
+    # The package the workers' framework is (checked on the driver before they
+    # start; None: Horovod, which select_backend checks, with TensorFlow or torch).
+    framework: str | None = None
     # Whether the workers' models are expected to be built under a
     # multi-worker strategy (tf.distribute), for the weights check's messages.
     strategy_models = False
@@ -107,10 +111,15 @@ class HorovodRunner:
                 its traceback) or died; no worker is left running.
             JobTimeout: the job outlived ``timeout``.
             NotEnoughSlots: ``np`` exceeds the cluster's task slots.
+            ImportError: what the workers need is not installed here: Horovod
+                (``HorovodRunner``), TensorFlow (``TFDistributeRunner``) or
+                torch (``TorchDistributor``); raised before any worker starts.
         """
         if not callable(main):
             raise TypeError(f"{self._label()}.run: main must be a function, got "
                             f"{type(main).__name__}")
+        if self.framework is not None:
+            require_installed(self.framework, type(self).__name__)
         # A notebook's `from tensorflow import keras`, captured by main, is a
         # module object TensorFlow loads lazily: shipped by its name.
         pickle_tensorflow_lazy_modules_by_name()
@@ -191,6 +200,7 @@ class TFDistributeRunner(HorovodRunner):
     """
 
     engine = "tensorflow"
+    framework = "tensorflow"
     strategy_models = True
 
     # Its own signature, so that Python's argument errors name this class.
