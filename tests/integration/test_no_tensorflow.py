@@ -99,3 +99,14 @@ def test_the_torch_demo_prepares_trains_registers_evaluates_and_scores(tmp_path)
     scored = pq.read_table(str(tmp_path / "runs" / "scored-torch")).to_pandas()
     assert len(scored) == 363 and {"prediction", "probability", "label"} <= set(scored.columns)
     assert (scored["prediction"] == scored["label"]).mean() >= 0.9
+
+
+@pytest.mark.timeout(60)
+def test_resnet50_without_torchvision_is_refused_before_any_worker_starts(monkeypatch):
+    from dist_dl import train_distributed
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"^model 'resnet50' of the torch engine is "
+                                          r"torchvision's ResNet50, and torchvision is not "
+                                          r"installed here: pip install torchvision"):
+        train_distributed("/no/such/shards", engine="torch", model="resnet50")

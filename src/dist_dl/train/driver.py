@@ -192,6 +192,10 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
         kind = "torch.nn.Module" if cfg.engine == "torch" else "keras.Model"
         raise ValueError(f"unknown model {builder!r}: use one of {', '.join(_model_names())} or "
                          f"pass a builder function (input_shape, classes) -> {kind}")
+    if isinstance(builder, str) and cfg.engine == "torch":
+        from dist_dl.train.models_torch import check_registry_model
+
+        check_registry_model(builder)
     if callbacks is not None and cfg.engine == "torch":
         raise ValueError("callbacks are Keras callbacks, and engine 'torch' trains a torch "
                          "module: drop callbacks (the run's metrics are in MLflow), or train a "
