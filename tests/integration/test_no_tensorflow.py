@@ -72,7 +72,7 @@ def test_every_module_imports_without_tensorflow_and_auto_is_torch(tmp_path):
             "'dist_dl[tensorflow]'") in refusals[1]
 
 
-@pytest.mark.slow  # two Spark applications' worth of work: about 2 minutes on 2 idle cores
+@pytest.mark.slow  # the whole demo: 2.4 min on this 2-core machine, shared with other work
 @pytest.mark.timeout(600)
 def test_the_torch_demo_prepares_trains_registers_evaluates_and_scores(tmp_path):
     import pyarrow.parquet as pq
