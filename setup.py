@@ -49,6 +49,14 @@ setup(
         # its pyarrow<11 rules out every runtime's pyarrow (14 and later), and
         # horovod.spark.run needs only PySpark.
         "local": ["tensorflow-cpu>=2.15,<2.17", "pyspark>=3.4,<3.6", "horovod==0.28.1"],
+        # TensorFlow, for the engines "horovod" and "tensorflow", their runners
+        # (TFDistributeRunner, MirroredStrategyRunner) and Keras models. Not a
+        # hard requirement: Databricks Runtime 19 ML ships none (the library
+        # trains with PyTorch there), and the runtimes before it their own GPU
+        # build, which a pip-installed TensorFlow would shadow. Keras 2 where
+        # Keras 3 is the default: tf-keras of TensorFlow's version
+        # (dist_dl.core.compat.require_tf_keras names it).
+        "tensorflow": ["tensorflow>=2.15"],
         "delta": ["deltalake>=1.0"],
         # Petastorm's reader (reader="petastorm"; "auto" uses it where it
         # imports). Not a hard requirement: runtimes 16.4 and 17.3 LTS ML ship

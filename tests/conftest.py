@@ -49,15 +49,18 @@ def pytest_configure(config):
 # test-fast` leaves them out), `profile_subset_164` (what CI also runs on the
 # runtime profiles dbr-16.4-ml and dbr-17.3-ml: of the modules where the code
 # meets the libraries a profile changes, every test not marked slow, and a few
-# slow ones; the unit tier runs whole on every profile; docs/guides/profiles.md).
-# The default profile (dbr-15.4-ml) runs every test.
+# slow ones; the unit tier runs whole on every profile; docs/guides/profiles.md),
+# `profile_dbr19` (what CI also runs on dbr-19-ml, which has no TensorFlow: the
+# torch engine, runner and reader, the checks without TensorFlow, the torch
+# demo; and the unit tier). The default profile (dbr-15.4-ml) runs every test.
 
 
-# Tests that need a module the library treats as optional (Horovod, Petastorm)
-# carry `@pytest.mark.needs("horovod.tensorflow")` or `needs("petastorm")`, and
-# are skipped, saying why, where that module does not import: Databricks
-# Runtime 16.0 ML and later ship neither (profile dbr-16.4-ml), and the library
-# then trains with tf.distribute and reads with pyarrow. The cases of tests
+# Tests that need a module the library treats as optional (Horovod, Petastorm,
+# TensorFlow) carry `@pytest.mark.needs("horovod.tensorflow")`, `needs("petastorm")`
+# or `needs("tensorflow")`, and are skipped, saying why, where that module does
+# not import: Databricks Runtime 16.0 ML and later ship neither Horovod nor
+# Petastorm (profile dbr-16.4-ml), and the library then trains with
+# tf.distribute and reads with pyarrow; 19 ML ships no TensorFlow (dbr-19-ml). The cases of tests
 # parametrized by `engine` or `reader` get the marker from their parameter.
 NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
                   ("reader", "petastorm"): "petastorm"}
@@ -85,9 +88,10 @@ def pytest_runtest_setup(item):
         module = marker.args[0]
         failure = _import_failure(module)
         if failure is not None:
-            why = (" (the `torch` extra: profiles dbr-16.4-ml and dbr-17.3-ml)"
-                   if module.split(".")[0] == "torch" else
-                   "; Databricks Runtime 16.0 ML and later ship no Horovod and no Petastorm")
+            why = {"torch": " (the `torch` extra: profiles dbr-16.4-ml and dbr-17.3-ml)",
+                   "tensorflow": "; Databricks Runtime 19 ML and later ship no TensorFlow"}.get(
+                module.split(".")[0],
+                "; Databricks Runtime 16.0 ML and later ship no Horovod and no Petastorm")
             pytest.skip(f"needs {module}, which does not import here ({failure}){why}")
     # The Keras 3 case of an engine-parametrized test (keras=3): where it can train.
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -115,6 +119,7 @@ def pytest_collection_modifyitems(config, items):
         if item.path.parent.name == "unit":
             # The unit tier is quick: every runtime profile runs all of it.
             item.add_marker(pytest.mark.profile_subset_164)
+            item.add_marker(pytest.mark.profile_dbr19)
         if item.get_closest_marker("hosts") is not None:
             item.add_marker(pytest.mark.slow)
             # The tests of the cluster of separate hosts in two groups, taken

@@ -9,6 +9,9 @@ import cloudpickle
 import numpy as np
 import pytest
 
+pytest.importorskip("tensorflow", reason="its tests train or load Keras models: "
+                                  "TensorFlow is not installed (profile dbr-19-ml)")
+
 from dist_dl.core import compat
 from dist_dl.train.checkpoint import CheckpointManager, CorruptCheckpointWarning, UntrustedCheckpoint
 from dist_dl.train.checkpoint_loop import CheckpointCallback, resume

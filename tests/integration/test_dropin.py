@@ -12,6 +12,9 @@ import cloudpickle
 import numpy as np
 import pytest
 
+pytest.importorskip("tensorflow", reason="its tests train or load Keras models: "
+                                  "TensorFlow is not installed (profile dbr-19-ml)")
+
 import dbx_examples
 import workers
 from dist_dl import HorovodRunner

@@ -38,6 +38,7 @@ forest = _forest_factory()
 
 
 @pytest.mark.profile_subset_164
+@pytest.mark.profile_dbr19
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_forest_ensemble_beats_its_members_and_matches_mlflow_model(spark, tmp_path):
@@ -113,6 +114,7 @@ small_net = _net_factory("tf.keras")
 
 
 @pytest.mark.profile_subset_164
+@pytest.mark.needs("tensorflow")
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("package", ["tf.keras", "keras"])

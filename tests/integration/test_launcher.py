@@ -337,11 +337,13 @@ def test_tf_output_server_needs_the_job_token():
 
 @pytest.mark.profile_subset_164
 def test_engine_choice():
+    import importlib.util
+
     try:
         import horovod.tensorflow  # noqa: F401
         expected = "horovod"
-    except Exception:
-        expected = "tensorflow"
+    except Exception:  # torch where TensorFlow is not installed (Runtime 19 ML)
+        expected = "tensorflow" if importlib.util.find_spec("tensorflow") else "torch"
     assert auto_engine() == expected
     assert isinstance(TFDistributeRunner(np=-2)._default_backend(), TFLocalBackend)
 

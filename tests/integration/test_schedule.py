@@ -4,6 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytest.importorskip("tensorflow", reason="its tests train or load Keras models: "
+                                  "TensorFlow is not installed (profile dbr-19-ml)")
+
 from dist_dl.core import compat
 from dist_dl.train.schedule import WarmupScaledSchedule
 

@@ -30,7 +30,7 @@ from dist_dl import JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError  #
 # Functions defined here reach the workers by value: a Spark task cannot import tests.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-pytestmark = pytest.mark.profile_subset_164
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19]
 
 TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                       "LOCAL_WORLD_SIZE")

@@ -23,7 +23,7 @@ from no_tensorflow import env_without_tensorflow  # noqa: E402
 from dist_dl.prepare import load_label_index  # noqa: E402
 from dist_dl.read import Normalize, ReaderConfig, make_loader, steps_per_epoch  # noqa: E402
 
-pytestmark = pytest.mark.profile_subset_164
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19]
 
 SMALL = ReaderConfig(image_size=16, shuffle_buffer=8, reader="arrow")
 NEEDS_TF = "the comparison with the TensorFlow reader needs TensorFlow (profile dbr-17.3-ml)"

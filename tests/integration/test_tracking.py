@@ -13,6 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytest.importorskip("tensorflow", reason="its tests train or load Keras models: "
+                                  "TensorFlow is not installed (profile dbr-19-ml)")
+
 from dist_dl.core import compat
 from dist_dl.tracking import (ImagePreprocessing, KerasImageClassifier, MlflowEpochLogger,
                               decode_images, log_epoch_metrics, log_keras_classifier, log_params,

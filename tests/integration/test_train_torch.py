@@ -27,7 +27,7 @@ from no_tensorflow import env_without_tensorflow  # noqa: E402
 from without_dist_dl import predict_without_dist_dl  # noqa: E402
 
 cloudpickle.register_pickle_by_value(train_hooks)
-pytestmark = pytest.mark.profile_subset_164
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19]
 
 # Settings under which a run is a pure function of its inputs.
 EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,

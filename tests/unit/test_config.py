@@ -15,7 +15,8 @@ CONF = Path(__file__).parents[2] / "conf"
 
 def test_every_shipped_configuration_loads_and_defaults_yaml_is_the_code_defaults():
     names = config_names()
-    assert {"defaults", "demo", "imagenet_resnet50", "synthetic_benchmark"} <= set(names)
+    assert {"defaults", "demo", "demo-torch", "imagenet_resnet50",
+            "synthetic_benchmark"} <= set(names)
     assert sorted(p.stem for p in CONF.glob("*.yaml")) == names
     for name in names:
         assert isinstance(load_config(PipelineConfig, name), PipelineConfig)

@@ -302,7 +302,7 @@ MISTAKES = [
         _train_args(j).__setitem__(0, "bench")),
      None, "new_cluster.spark_version", "task 'train' runs `dist-dl bench`"),
     ("runtime-not-supported-yet", lambda j: _cluster(j).__setitem__(
-        "spark_version", "18.0.x-gpu-ml-scala2.13"),
+        "spark_version", "20.0.x-gpu-ml-scala2.13"),
      None, "new_cluster.spark_version", "is not supported yet"),
     ("spark-4-runtime-with-scala-2.12", lambda j: _cluster(j).__setitem__(
         "spark_version", "17.3.x-gpu-ml-scala2.12"),
@@ -379,6 +379,42 @@ def _spark_version_problems(job: dict) -> list[str]:
     return [p.message for p in validate(job) if p.field.endswith("spark_version")]
 
 
+def test_runtime_19_runs_the_torch_engine_and_refuses_what_needs_tensorflow():
+    """Databricks Runtime 19.0 ML ships no TensorFlow (profile dbr-19-ml):
+    engine "torch" or "auto" trains there; the TensorFlow engines, the
+    benchmark and the search job are refused naming why and the fix. 18.0
+    LTS ML still runs tf.distribute."""
+    runtime = "19.0.x-gpu-ml-scala2.13"
+    for engine in ("torch", "auto"):
+        for step in ("train", "pipeline"):
+            job = _on_runtime(small_job(), runtime, "--set", f"train.engine={engine}")
+            _train_args(job)[0] = step
+            assert validate(job) == [], (engine, step)
+    for stem in ("training_torch_17_aws", "training_torch_17_azure"):
+        job = json.loads((JOBS / f"{stem}.json").read_text())
+        for cluster in job["job_clusters"]:
+            cluster["new_cluster"]["spark_version"] = cluster["new_cluster"][
+                "spark_version"].replace("17.3.x", "19.0.x")
+        assert validate(job) == [], stem
+    assert validate(_on_runtime(small_job(), "18.0.x-gpu-ml-scala2.13", "--set",
+                                "train.engine=tensorflow")) == []
+    torch_fix = ('use \'18.0.x-gpu-ml-scala2.13\', or set train.engine to "torch" or "auto" '
+                 '(`--set train.engine=torch`) to train with PyTorch')
+    for engine in ("tensorflow", "horovod"):  # Horovod's is said once, as TensorFlow
+        job = _on_runtime(small_job(), runtime, "--set", f"train.engine={engine}")
+        assert _spark_version_problems(job) == [
+            f'task \'train\' runs `dist-dl train` with train.engine "{engine}", and '
+            f'\'{runtime}\' has no TensorFlow (Databricks ML runtimes 19.0 and later ship none): '
+            + torch_fix]
+    for step, config, why in (("bench", "synthetic_benchmark", "whose setups train Keras models"),
+                              ("search", "demo", "whose trials train Keras models")):
+        job = _on_runtime(small_job(), runtime)
+        _train(job)["python_wheel_task"]["parameters"] = [step, "--config", config]
+        assert _spark_version_problems(job) == [
+            f"task 'train' runs `dist-dl {step}`, {why}, and '{runtime}' has no TensorFlow "
+            "(Databricks ML runtimes 19.0 and later ship none): use '18.0.x-gpu-ml-scala2.13'"]
+
+
 @pytest.mark.parametrize("runtime", [TFDIST_GPU_RUNTIME, TFDIST_17_GPU_RUNTIME])
 def test_tasks_that_need_horovod_are_refused_on_16_and_17_naming_why_and_the_fix(runtime):
     tf_fix = ('use \'15.4.x-gpu-ml-scala2.12\', or set train.engine to "tensorflow" or "auto" '
@@ -417,13 +453,14 @@ def test_the_engine_is_the_one_a_run_would_load():
     assert _spark_version_problems(job) == []
 
 
-def test_runtimes_after_17_3_are_refused_naming_why_and_the_fix():
-    job = _on_runtime(small_job(), "18.0.x-cpu-ml-scala2.13")
+def test_runtimes_after_19_0_are_refused_naming_why_and_the_fix():
+    job = _on_runtime(small_job(), "20.0.x-cpu-ml-scala2.13")
     _train_args(job)[0] = "evaluate"  # no training step: the runtime alone is refused
     assert _spark_version_problems(job) == [
-        "'18.0.x-cpu-ml-scala2.13' is not supported yet: no test profile reproduces runtimes "
-        "after 17.3 LTS ML: use '17.3.x-cpu-ml-scala2.13' with the tf.distribute engine "
-        "(train.engine \"tensorflow\" or \"auto\"), or '15.4.x-cpu-ml-scala2.12' with Horovod"]
+        "'20.0.x-cpu-ml-scala2.13' is not supported yet: no test profile reproduces runtimes "
+        "after 19.0 ML: use '19.0.x-cpu-ml-scala2.13' with the torch engine (train.engine "
+        "\"torch\" or \"auto\"), '18.0.x-cpu-ml-scala2.13' with tf.distribute, or "
+        "'15.4.x-cpu-ml-scala2.12' with Horovod"]
     scala = _on_runtime(small_job(), "17.3.x-cpu-ml-scala2.12")
     _train_args(scala)[0] = "evaluate"
     assert _spark_version_problems(scala) == [

@@ -46,7 +46,7 @@ def test_unit_tests_import_no_framework_at_module_level():
                            "move the test to tests/integration: " + "; ".join(offending))
 
 
-@pytest.mark.parametrize("marker", ["slow", "profile_subset_164"])
+@pytest.mark.parametrize("marker", ["slow", "profile_subset_164", "profile_dbr19"])
 def test_each_marker_ci_selects_by_is_on_some_test(marker):
     pattern = re.compile(rf"pytest\.mark\.{marker}\b(?!_)")
     users = [p.name for tier in TIERS for p in (TESTS / tier).glob("test_*.py")

@@ -356,6 +356,11 @@ def search(config: PipelineConfig, *, master: str | None = None, spark=None):
     from dist_dl.prepare import classes_of
     from dist_dl.search import search as run_search
 
+    # Each trial trains a Keras model in its Spark task: checked here, before any starts.
+    from dist_dl.core.optional import require_installed
+
+    require_installed("tensorflow", "the search job (each trial trains a Keras model, "
+                                    "dist_dl.train.single)")
     s = config.search
     spark = _spark(master, spark)
     data = config.data.train_output

@@ -82,6 +82,8 @@ import importlib.util
 import os
 import sys
 
+from dist_dl.core.optional import require
+
 __all__ = ["LEGACY_KERAS_ENV", "NATIVE_KERAS_ENV", "keras", "keras3_default", "native_keras3",
            "keras3_training_problem",
            "is_keras3_model", "saved_keras_major", "load_keras_file", "worker_env", "patch_horovod_keras",
@@ -167,9 +169,9 @@ def keras():
         module = importlib.import_module("tf_keras")
         skip_autograph_of_tf_keras()
         return module
-    import tensorflow as tf
-
-    return tf.keras
+    # Named with its extra where TensorFlow is missing (Databricks Runtime 19 ML).
+    return require("tensorflow", "Keras (the TensorFlow engines, their callbacks and "
+                                 "models)").keras
 
 
 def keras3_training_problem() -> str | None:

@@ -6,14 +6,20 @@ bundled sample datasets (the ``samples`` extra), deltalake for Delta tables
 installed with ``--no-deps`` has none of its requirements. So such packages
 are imported when a step needs them, through `require()`, whose error
 names the pip extra (or requirement) that provides the package.
+
+TensorFlow is one of them: Databricks Runtime 19 ML ships none, and the
+library trains there with PyTorch. A driver that only launches TensorFlow
+workers does not import TensorFlow (seconds of CPU): `require_installed()`
+checks that it is installed, with the same error, before any worker starts.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from types import ModuleType
 
-__all__ = ["require", "install_hint", "PACKAGES"]
+__all__ = ["require", "require_installed", "installed", "torch_only", "install_hint", "PACKAGES"]
 
 # Top-level import name -> (pip requirement, extra of dist_dl that installs
 # it, or None for a requirement of dist_dl itself). Kept in step with setup.py.
@@ -25,6 +31,15 @@ PACKAGES = {
     # back to pyarrow under reader="auto"; listed so setup.py is checked.
     "petastorm": ("petastorm>=0.12.1", "petastorm"),
     "torch": ("torch>=2.0", "torch"),
+    # The TensorFlow engines (Horovod, tf.distribute), their runners and Keras
+    # models; checked by require_installed before their workers start.
+    "tensorflow": ("tensorflow>=2.15", "tensorflow"),
+}
+
+# What to do instead where a package is missing, after the pip command.
+_INSTEAD = {
+    "tensorflow": ("; Databricks Runtime 19 ML and later ship no TensorFlow: train with PyTorch "
+                   "there (train_distributed(engine='torch'), TorchDistributor)"),
 }
 
 
@@ -45,9 +60,45 @@ def require(module: str, needed_for: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        name = re.split(r"[<>=!~\[; ]", PACKAGES[top][0])[0]
-        raise ImportError(f"{needed_for} needs {name}, which cannot be imported here ({exc}): "
-                          f"{install_hint(top)}") from exc
+        raise ImportError(f"{needed_for} needs {_name(top)}, which cannot be imported here "
+                          f"({exc}): {install_hint(top)}{_INSTEAD.get(top, '')}") from exc
+
+
+def require_installed(module: str, needed_for: str) -> None:
+    """Check that ``module``'s top-level package is installed, without
+    importing it: for a driver that only starts the processes that import it.
+
+    Args:
+        module: As for `require()`.
+        needed_for: What needs it, for the error (``"TFDistributeRunner"``).
+
+    Raises:
+        ImportError: the package is not installed; the message says what
+            needs it, the pip command that installs it and what to do instead.
+    """
+    top = module.partition(".")[0]
+    if not installed(top):
+        raise ImportError(f"{needed_for} needs {_name(top)}, which is not installed here: "
+                          f"{install_hint(top)}{_INSTEAD.get(top, '')}")
+
+
+def installed(top: str) -> bool:
+    """Whether the top-level package ``top`` is installed (found, not imported)."""
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a broken package, or one hidden in sys.modules
+        return False
+
+
+def torch_only() -> bool:
+    """TensorFlow is not installed here, and torch is (Databricks Runtime 19
+    ML and later)."""
+    return not installed("tensorflow") and installed("torch")
+
+
+def _name(top: str) -> str:
+    """The distribution name of the package imported as ``top``."""
+    return re.split(r"[<>=!~\[; ]", PACKAGES[top][0])[0]
 
 
 def install_hint(top: str) -> str:

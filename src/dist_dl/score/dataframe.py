@@ -22,7 +22,8 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
                     batch_size: int = 64, on_error: str = "raise",
                     error_col: str = "score_error"):
     """Score a DataFrame of encoded images with a classifier logged by
-    `dist_dl.tracking.log_keras_classifier()`.
+    `dist_dl.tracking.log_keras_classifier()` or by the torch engine
+    (`dist_dl.tracking.torch_log.log_torch_classifier()`).
 
     Lazy, like any transformation: nothing runs until the result is used. The
     model is downloaded once, here, and each executor Python worker loads it
@@ -54,6 +55,8 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
     Raises:
         ValueError: A column is missing, of the wrong type, or already exists;
             or the model is not a classifier of this library.
+        ImportError: The model's framework (TensorFlow for a Keras model,
+            torch for one of the torch engine) is not installed here.
     """
     from pyspark.sql import types as T
 
@@ -132,8 +135,14 @@ def _download(model_uri: str) -> str:
 
 
 def _model_image_col(local_dir: str, model_uri: str) -> str:
-    """The input column the logged model reads (from its MLmodel file)."""
+    """The input column the logged model reads (from its MLmodel file), once
+    the framework the executors load it with is known to be installed: torch
+    for the torch engine's models, TensorFlow for Keras ones (Databricks
+    Runtime 19 ML has no TensorFlow; the executors have the driver's
+    packages)."""
     from mlflow.models import Model
+
+    from dist_dl.core.optional import require_installed
 
     try:
         meta = Model.load(local_dir)
@@ -146,6 +155,10 @@ def _model_image_col(local_dir: str, model_uri: str) -> str:
     if column is None:
         raise ValueError(f"{model_uri!r} was not logged by dist_dl.tracking.log_keras_classifier "
                          "(its metadata names no image_col)")
+    if meta.metadata.get("engine") == "torch":
+        require_installed("torch", f"scoring the torch model {model_uri!r}")
+    else:
+        require_installed("tensorflow", f"scoring the Keras model {model_uri!r}")
     return column
 
 

@@ -408,20 +408,21 @@ class CheckpointManager:
                 Some variables may have been overwritten by then: build the
                 model again before using it.
         """
-        import tensorflow as tf
-
         info = checkpoint if checkpoint is not None else self.latest()
         if info is None:
             return None
+        # Said first, also where TensorFlow is not installed.
+        if (info.path / TORCH_STATE).is_file():
+            raise ValueError(f"checkpoint {info.path} was written by the torch engine: resume "
+                             "it with engine='torch', or train into another checkpoint_dir")
+        import tensorflow as tf
+
         optimizer = optimizer_of(model, optimizer) if include_optimizer else None
         if optimizer is not None and not info.has_optimizer:
             raise ValueError(f"checkpoint {info.path} holds no optimizer state; "
                              "pass include_optimizer=False to restore the model only")
         if optimizer is not None:
             build_optimizer(optimizer, model)
-        if (info.path / TORCH_STATE).is_file():
-            raise ValueError(f"checkpoint {info.path} was written by the torch engine: resume "
-                             "it with engine='torch', or train into another checkpoint_dir")
         try:
             if (info.path / KERAS_STATE).is_file():
                 _read_keras3_state(info.path / KERAS_STATE, model, optimizer)

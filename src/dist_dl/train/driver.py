@@ -186,6 +186,9 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
             slots than ``num_workers``.
         TrainingFailed: Every attempt failed; names the error and the last
             complete checkpoint.
+        ImportError: The engine's framework is not installed here: TensorFlow
+            for ``"horovod"`` and ``"tensorflow"`` (and ``keras=3``), torch
+            for ``"torch"``.
     """
     cfg = _settings(config, settings)
     cfg = dataclasses.replace(cfg, engine=_engine(cfg))
@@ -196,6 +199,10 @@ def train_distributed(data, *, config: TrainConfig | None = None, validation=Non
         kind = "torch.nn.Module" if cfg.engine == "torch" else "keras.Model"
         raise ValueError(f"unknown model {builder!r}: use one of {', '.join(_model_names())} or "
                          f"pass a builder function (input_shape, classes) -> {kind}")
+    if isinstance(builder, str) and cfg.engine == "torch":
+        from dist_dl.train.models_torch import check_registry_model
+
+        check_registry_model(builder)
     if callbacks is not None and cfg.engine == "torch":
         raise ValueError("callbacks are Keras callbacks, and engine 'torch' trains a torch "
                          "module: drop callbacks (the run's metrics are in MLflow), or train a "
@@ -340,18 +347,23 @@ def _settings(config: TrainConfig | None, settings: dict) -> TrainConfig:
 def _engine(cfg: TrainConfig) -> str:
     """The engine ``cfg.engine`` names, checked on the driver: Horovod must
     import, and tf.distribute gets no setting only Horovod has."""
+    from dist_dl.core.optional import require_installed, torch_only
     from dist_dl.launch import auto_engine
     from dist_dl.train.config import HOROVOD_ONLY
 
     # auto_engine() imports Horovod (and TensorFlow): at most once, and not
     # for an explicit engine="tensorflow".
     engine = cfg.engine
-    if engine == "torch" or (engine == "auto" and cfg.keras == 2 and _torch_only()):
+    if engine == "torch" or (engine == "auto" and cfg.keras == 2 and torch_only()):
         return _torch_engine(cfg)
     if cfg.decode != "cpu":
         raise ValueError(f"decode={cfg.decode!r} is the torch engine's (torchvision's GPU JPEG "
                          f"decoder); engine {engine!r} decodes on the CPU: use engine='torch', "
                          "or leave decode='cpu'")
+    # Every other engine trains a Keras model: TensorFlow must be installed
+    # (Databricks Runtime 19 ML ships none).
+    require_installed("tensorflow", f"engine={engine!r}" + (f" with keras={cfg.keras}"
+                                                            if cfg.keras != 2 else ""))
     if cfg.keras == 3:
         problem = compat.keras3_training_problem()
         if problem is not None:
@@ -380,14 +392,6 @@ def _engine(cfg: TrainConfig) -> str:
                 f"{why} has no counterpart for: leave them at their defaults, or use "
                 "engine='horovod'")
     return engine
-
-
-def _torch_only() -> bool:
-    """TensorFlow does not import here, and torch does (``engine="auto"``)."""
-    import importlib.util
-
-    return (importlib.util.find_spec("tensorflow") is None
-            and importlib.util.find_spec("torch") is not None)
 
 
 def _torch_engine(cfg: TrainConfig) -> str:

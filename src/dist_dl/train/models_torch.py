@@ -9,21 +9,37 @@ in front of it, and the loss and the logged model's softmax come after it.
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 from dist_dl.train.models import MODEL_NAMES, call_builder
 
-__all__ = ["build_torch_model", "TORCH_MODEL_NAMES"]
+__all__ = ["build_torch_model", "check_registry_model", "TORCH_MODEL_NAMES"]
+
+
+def _no_torchvision(why: str) -> ImportError:
+    return ImportError(
+        f"model 'resnet50' of the torch engine is torchvision's ResNet50, and torchvision "
+        f"{why}: pip install torchvision (the build made for this torch), or pass a builder "
+        "(input_shape, classes) -> torch.nn.Module")
+
+
+def check_registry_model(name: str) -> None:
+    """On the driver, before workers start: what the registry's model
+    ``name`` needs beyond torch is installed (torchvision for ``resnet50``).
+
+    Raises:
+        ImportError: it is not, naming what to install.
+    """
+    if name == "resnet50" and importlib.util.find_spec("torchvision") is None:
+        raise _no_torchvision("is not installed here")
 
 
 def _resnet50(input_shape, classes):
     try:
         from torchvision.models import resnet50
     except ImportError as exc:
-        raise ImportError(
-            f"model 'resnet50' of the torch engine is torchvision's ResNet50, and torchvision "
-            f"does not import here ({exc}): pip install torchvision (the build made for this "
-            "torch), or pass a builder (input_shape, classes) -> torch.nn.Module") from exc
+        raise _no_torchvision(f"does not import here ({exc})") from exc
     # weights=None: no download, and ImageNet's head would not fit other classes.
     return resnet50(weights=None, num_classes=classes)
 

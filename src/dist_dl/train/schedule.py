@@ -102,8 +102,8 @@ class WarmupScaledRates:
 
 
 def _define_schedule():
+    keras = compat.keras()  # says what to install where TensorFlow is missing
     import tensorflow as tf
-    keras = compat.keras()
 
     class WarmupScaledSchedule(keras.optimizers.schedules.LearningRateSchedule,
                                WarmupScaledRates):

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Callable
 
 from dist_dl.core import compat
+from dist_dl.core.optional import require
 from dist_dl.train.config import TrainConfig
 
 __all__ = ["train_single"]
@@ -37,7 +38,7 @@ def train_single(config: TrainConfig, data, validation=None, *, model=None,
         "model": the Keras model, uint8 pixels in (its first layer
         normalises them; see ``dist_dl.train.models.build_classifier``)}``.
     """
-    import tensorflow as tf
+    tf = require("tensorflow", "train_single (a Keras model in one process)")
     keras = compat.keras()
 
     from dist_dl.read import make_dataset, plan_shards

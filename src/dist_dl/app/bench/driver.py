@@ -105,11 +105,13 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
         also written to ``cfg.output`` as JSON when set, and its headline
         ratios merged into ``cfg.results`` (`publish_results()`).
     """
+    from dist_dl.core.optional import require_installed
     from dist_dl.launch import HorovodRunner, TFDistributeRunner
     from dist_dl.prepare import make_synthetic_images
     from dist_dl.read.resolve import resolve_files
     from dist_dl.train import train_distributed
 
+    require_installed("tensorflow", "the benchmark (Keras models on Horovod and tf.distribute)")
     variants = dict(variants or {})
     scratch = workdir or tempfile.mkdtemp(prefix="dist_dl-bench-")
     steps = cfg.warmup_steps + cfg.steps

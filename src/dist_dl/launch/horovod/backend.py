@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from dist_dl.core.optional import installed, torch_only
 from dist_dl.launch.core.backend import Backend
 
 __all__ = ["select_backend", "auto_engine", "databricks_runner_available"]
@@ -18,9 +19,15 @@ def databricks_runner_available() -> bool:
 
 
 def auto_engine() -> str:
-    """``"horovod"`` where ``horovod.tensorflow`` imports, else
-    ``"tensorflow"`` (tf.distribute's MultiWorkerMirroredStrategy): Horovod
-    is missing from Databricks Runtime 16.0 ML and later."""
+    """The engine this environment trains with: ``"horovod"`` where
+    ``horovod.tensorflow`` imports; ``"torch"`` (PyTorch
+    DistributedDataParallel) where TensorFlow is not installed and torch is
+    (Databricks Runtime 19 ML and later); else ``"tensorflow"``
+    (tf.distribute's MultiWorkerMirroredStrategy): Horovod is missing from
+    Databricks Runtime 16.0 ML and later. Only the first imports anything
+    (Horovod, and TensorFlow with it)."""
+    if torch_only():
+        return "torch"
     try:
         import horovod.tensorflow  # noqa: F401
     except Exception:  # ImportError, or a Horovod built against another TensorFlow
@@ -33,12 +40,17 @@ def _require_horovod() -> None:
     Runtime 16.0 ML and later (profile dbr-16.4-ml) ship no Horovod: there a
     Horovod job otherwise failed deep in a backend with a bare "No module named
     'horovod'" (launch/horovod/spark.py's ``import horovod.spark``)."""
-    if importlib.util.find_spec("horovod") is None:
+    if not installed("horovod"):
+        instead = ("run a PyTorch function with TorchDistributor (TensorFlow is not installed "
+                   "here either: Databricks Runtime 19 ML and later ship none)"
+                   if torch_only() else
+                   "run the function with TFDistributeRunner (tf.distribute's "
+                   "MultiWorkerMirroredStrategy; engine='tensorflow', which engine='auto' picks "
+                   "here)")
         raise ImportError(
             "HorovodRunner needs Horovod, which is not installed here (Databricks Runtime 16.0 ML "
-            "and later ship none): run the function with TFDistributeRunner (tf.distribute's "
-            "MultiWorkerMirroredStrategy; engine='tensorflow', which engine='auto' picks here), "
-            "or install Horovod built with Gloo (see the Makefile)")
+            f"and later ship none): {instead}, or install Horovod built with Gloo (see the "
+            "Makefile)")
 
 
 def select_backend(np: int, spark=None) -> Backend:

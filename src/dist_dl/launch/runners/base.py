@@ -13,6 +13,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from dist_dl.core.compat import pickle_tensorflow_lazy_modules_by_name
+from dist_dl.core.optional import require_installed
 from dist_dl.launch.core import weights
 from dist_dl.launch.core.backend import Backend
 from dist_dl.launch.core.protocol import VERBOSITIES, DriverSink
@@ -33,6 +34,9 @@ class Runner:
 
     # The engine of the workers (``WorkerOptions.engine``).
     engine: str
+    # The package the workers' framework is, checked on the driver before they
+    # start (None: the runner checks its own, as HorovodRunner's backend does).
+    framework: str | None = None
     # Whether the workers' models are expected to be built under a
     # multi-worker strategy (tf.distribute), for the weights check's messages.
     strategy_models = False
@@ -81,10 +85,14 @@ class Runner:
                 its traceback) or died; no worker is left running.
             JobTimeout: the job outlived ``timeout``.
             NotEnoughSlots: ``np`` exceeds the cluster's task slots.
+            ImportError: what the workers need is not installed here (Horovod,
+                TensorFlow or torch); raised before any worker starts.
         """
         if not callable(main):
             raise TypeError(f"{self._label()}.run: main must be a function, got "
                             f"{type(main).__name__}")
+        if self.framework is not None:
+            require_installed(self.framework, type(self).__name__)
         # A notebook's `from tensorflow import keras`, captured by main, is a
         # module object TensorFlow loads lazily: shipped by its name.
         pickle_tensorflow_lazy_modules_by_name()

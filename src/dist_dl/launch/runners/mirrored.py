@@ -26,6 +26,7 @@ import functools
 import math
 from typing import Any, Callable
 
+from dist_dl.core.optional import require_installed
 from dist_dl.launch.runners.base import Runner
 from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
@@ -85,6 +86,7 @@ class MirroredStrategyRunner(LazySpark, Runner):
     """
 
     engine = "tensorflow"
+    framework = "tensorflow"
     strategy_models = True
 
     def __init__(self, num_slots: int | None = None, *, local_mode: bool = False,
@@ -209,10 +211,13 @@ class MirroredStrategyRunner(LazySpark, Runner):
             WorkersDiverged: the workers ended with different weights.
             RuntimeError: the cluster has TLS on and
                 ``tensorflow.spark.distributor.ignoreSsl`` is not true.
+            ImportError: TensorFlow is not installed here (before any worker
+                starts).
         """
         if not callable(train_fn):
             raise TypeError(f"{self._label()}.run: train_fn must be a function, got "
                             f"{type(train_fn).__name__}")
+        require_installed(self.framework, type(self).__name__)
         if self._distributed:
             self._check_encryption()
             self._check_slots()

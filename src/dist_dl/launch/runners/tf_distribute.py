@@ -34,6 +34,7 @@ class TFDistributeRunner(Runner):
     """
 
     engine = "tensorflow"
+    framework = "tensorflow"
     strategy_models = True
 
     # Its own signature, so that Python's argument errors name this class.

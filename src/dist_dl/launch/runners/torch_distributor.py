@@ -30,6 +30,7 @@ import math
 import os
 from typing import Any, Callable
 
+from dist_dl.core.optional import require_installed
 from dist_dl.launch.runners.base import Runner
 from dist_dl.launch.core.slots import (LazySpark, check_encryption, check_task_slots, driver_gpus,
                                         split, task_gpu_amount)
@@ -73,6 +74,7 @@ class TorchDistributor(LazySpark, Runner):
     """
 
     engine = "torch"
+    framework = "torch"
 
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, *,
                  driver_log_verbosity: str = "all", timeout: float | None = None,
@@ -168,6 +170,7 @@ class TorchDistributor(LazySpark, Runner):
                 is not a file.
             RuntimeError: the cluster has TLS on and
                 ``pytorch.spark.distributor.ignoreSsl`` is not true.
+            ImportError: torch is not installed here (before any process starts).
         """
         from dist_dl.launch.engines.torch import call_function, run_script
 
@@ -179,6 +182,7 @@ class TorchDistributor(LazySpark, Runner):
         else:
             raise TypeError(f"{self._label()}.run: train_object must be a function or the path "
                             f"of a Python script, got {type(train_object).__name__}")
+        require_installed(self.framework, type(self).__name__)
         if not self.local_mode:
             self._check_encryption()
             self._check_slots()

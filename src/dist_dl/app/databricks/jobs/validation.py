@@ -37,17 +37,20 @@ ENTRY_POINT = "dist-dl"
 """The console script a wheel task runs (``dist_dl.cli:main``; tests check setup.py declares it)."""
 
 # The ML runtimes the wheel runs on: 13.0, the first with Python 3.10 (the
-# oldest the wheel supports), to 17.3 LTS ML, the newest a test profile
-# reproduces (dbr-17.3-ml: Spark 4.0, numpy 2.1, MLflow 3.0; setup.py allows
-# numpy 2 and MLflow 3 since). Databricks removed Horovod and HorovodRunner
-# after 15.4 LTS ML, so on 16.x and 17.x only tasks that need no Horovod run
-# (train.engine "tensorflow" or "auto" trains with tf.distribute there).
+# oldest the wheel supports), to 19.0 ML, the newest a test profile
+# reproduces (dbr-19-ml). Databricks removed Horovod and HorovodRunner after
+# 15.4 LTS ML, so on 16.x to 18.x only tasks that need no Horovod run
+# (train.engine "tensorflow" or "auto" trains with tf.distribute there); and
+# 19.0 ML ships no TensorFlow, so there only tasks that need no TensorFlow run
+# (train.engine "torch" or "auto" trains with PyTorch there).
 # Spark 4 (runtimes 17.0 and later) is built for Scala 2.13 only.
 _MIN_RUNTIME = (13, 0)
 _LAST_HOROVOD_RUNTIME = (15, 4)
-_MAX_RUNTIME = (17, 3)
+_FIRST_RUNTIME_WITHOUT_TENSORFLOW = (19, 0)
+_MAX_RUNTIME = (19, 0)
 _FIRST_SCALA_213_ONLY = (17, 0)
-_NEWEST = "17.3.x-{kind}-ml-scala2.13"
+_NEWEST = "19.0.x-{kind}-ml-scala2.13"
+_NEWEST_TENSORFLOW = "18.0.x-{kind}-ml-scala2.13"
 _RUNTIME = re.compile(r"^(\d+)\.(\d+)\.x-(cpu|gpu)-ml-scala(\d+\.\d+)$")
 # Steps that start training workers (Horovod or tf.distribute): their cluster
 # must be a GPU ML runtime on GPU machines (Databricks wants GPU types for the
@@ -198,6 +201,25 @@ def _horovod_need(command: _Command) -> tuple[str, str] | None:
             f"other problems), so it may need Horovod", other)
 
 
+def _tensorflow_need(command: _Command) -> tuple[str, str] | None:
+    """Why a task needs TensorFlow and what else than a runtime with
+    TensorFlow would do (None: it needs no TensorFlow)."""
+    if command.step == "bench":
+        return "runs `dist-dl bench`, whose setups train Keras models", ""
+    if command.step == "search":
+        return "runs `dist-dl search`, whose trials train Keras models", ""
+    if command.step not in _ENGINE_COMMANDS or command.engine not in ("horovod", "tensorflow",
+                                                                       None):
+        return None
+    other = (', or set train.engine to "torch" or "auto" (`--set train.engine=torch`) to train '
+             'with PyTorch')
+    if command.engine is not None:
+        return f'runs `dist-dl {command.step}` with train.engine "{command.engine}"', other
+    return (f"runs `dist-dl {command.step}` with a train.engine that cannot be known from the "
+            f"job (a reference left unresolved, or a configuration that does not load: see its "
+            f"other problems), so it may need TensorFlow", other)
+
+
 def _looks_secret(text: str) -> str | None:
     """What kind of secret ``text`` seems to hold, or None."""
     for kind, pattern in _SECRET_PATTERNS:
@@ -217,10 +239,12 @@ def _looks_secret(text: str) -> str | None:
 
 
 def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
-                   horovod_tasks: Mapping[str, tuple[str, str]], add) -> None:
+                   horovod_tasks: Mapping[str, tuple[str, str]],
+                   tensorflow_tasks: Mapping[str, tuple[str, str]], add) -> None:
     """The cluster's runtime and node types, for the tasks that run on it:
     ``gpu_tasks`` train, ``horovod_tasks`` (task -> why, what else would do;
-    see `_horovod_need()`) need Horovod."""
+    see `_horovod_need()`) need Horovod, ``tensorflow_tasks``
+    (`_tensorflow_need()`) TensorFlow."""
     if not isinstance(cluster, dict):
         add(path, "must be a cluster specification (an object)")
         return
@@ -229,17 +253,17 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
     if match is None:
         add(path + ("spark_version",),
             f"{version!r} is not a Databricks ML runtime, which the jobs need: e.g. "
-            f"'17.3.x-gpu-ml-scala2.13' (tf.distribute) or '15.4.x-gpu-ml-scala2.12' (Horovod), "
-            f"the -cpu- variant without GPUs")
+            f"'19.0.x-gpu-ml-scala2.13' (PyTorch), '18.0.x-gpu-ml-scala2.13' (tf.distribute) or "
+            f"'15.4.x-gpu-ml-scala2.12' (Horovod), the -cpu- variant without GPUs")
         return
     release, kind, scala = (int(match.group(1)), int(match.group(2))), match.group(3), \
         match.group(4)
-    newest = _NEWEST.format(kind=kind)
+    newest, newest_tf = _NEWEST.format(kind=kind), _NEWEST_TENSORFLOW.format(kind=kind)
     if release > _MAX_RUNTIME:
         add(path + ("spark_version",),
-            f"{version!r} is not supported yet: no test profile reproduces runtimes after 17.3 "
-            f"LTS ML: use '{newest}' with the tf.distribute engine (train.engine \"tensorflow\" "
-            f"or \"auto\"), or '15.4.x-{kind}-ml-scala2.12' with Horovod")
+            f"{version!r} is not supported yet: no test profile reproduces runtimes after 19.0 "
+            f"ML: use '{newest}' with the torch engine (train.engine \"torch\" or \"auto\"), "
+            f"'{newest_tf}' with tf.distribute, or '15.4.x-{kind}-ml-scala2.12' with Horovod")
     elif release >= _FIRST_SCALA_213_ONLY and scala != "2.13":
         add(path + ("spark_version",),
             f"{version!r} does not exist: runtimes from 17.0 (Spark 4) are built for Scala 2.13 "
@@ -247,7 +271,14 @@ def _check_cluster(cluster: Any, path: tuple, gpu_tasks: list[str],
     elif release < _MIN_RUNTIME:
         add(path + ("spark_version",),
             f"{version!r} has Python older than 3.10, which the wheel needs: use "
-            f"'15.4.x-{kind}-ml-scala2.12' (Horovod) or '{newest}' (tf.distribute)")
+            f"'15.4.x-{kind}-ml-scala2.12' (Horovod), '{newest_tf}' (tf.distribute) or "
+            f"'{newest}' (PyTorch)")
+    elif release >= _FIRST_RUNTIME_WITHOUT_TENSORFLOW:
+        # Horovod here is Horovod with TensorFlow: said once, as TensorFlow.
+        for task, (why, other) in tensorflow_tasks.items():
+            add(path + ("spark_version",),
+                f"task {task!r} {why}, and {version!r} has no TensorFlow (Databricks ML runtimes "
+                f"19.0 and later ship none): use '{newest_tf}'{other}")
     elif release > _LAST_HOROVOD_RUNTIME:
         for task, (why, other) in horovod_tasks.items():
             add(path + ("spark_version",),
@@ -299,13 +330,15 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     ``parameter_values``), or a notebook under ``notebooks/``; tasks install
     the wheel on a job cluster; secrets appear only as ``{{secrets/...}}``
     references in ``spark_conf`` / ``spark_env_vars``; clusters run an ML
-    runtime from 13.0 to 17.3 (Scala 2.13 from 17.0), a GPU one for training
-    steps, and one that ships Horovod (15.4 or older) for the tasks that need
+    runtime from 13.0 to 19.0 (Scala 2.13 from 17.0), a GPU one for training
+    steps, one that ships Horovod (15.4 or older) for the tasks that need
     it: ``bench``, and
-    ``train`` / ``pipeline`` with ``train.engine`` "horovod"; the cluster
-    of a ``train`` / ``pipeline`` task with a ``train.checkpoint_dir`` sets
-    ``DIST_DL_CHECKPOINT_KEY`` from a secret scope (so that a retried task
-    or a repaired run, on a new cluster, resumes).
+    ``train`` / ``pipeline`` with ``train.engine`` "horovod"; one that
+    ships TensorFlow (18.0 or older) for ``bench``, ``search``, and ``train``
+    / ``pipeline`` with ``train.engine`` "horovod" or "tensorflow"; the
+    cluster of a ``train`` / ``pipeline`` task with a ``train.checkpoint_dir``
+    sets ``DIST_DL_CHECKPOINT_KEY`` from a secret scope (so that a retried
+    task or a repaired run, on a new cluster, resumes).
 
     Args:
         job: A job file's path (its notebooks are looked for in notebooks/
@@ -362,6 +395,7 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
     gpu_tasks: dict[str, list[str]] = {}  # job cluster -> tasks that train on it
     horovod_tasks: dict[str, dict] = {}  # job cluster -> task -> why it needs Horovod
     resuming_tasks: dict[str, list[str]] = {}  # job cluster -> tasks with a checkpoint_dir
+    tensorflow_tasks: dict[str, dict] = {}  # job cluster -> task -> why it needs TensorFlow
     for index, task in enumerate(tasks):
         where = ("tasks", label(task, index))
         if not isinstance(task, dict) or not isinstance(task.get("task_key"), str):
@@ -371,13 +405,17 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
         gpu = [task["task_key"]] if command.step in _GPU_COMMANDS else []
         need = _horovod_need(command)
         horovod = {task["task_key"]: need} if need else {}
+        need = _tensorflow_need(command)
+        tensorflow = {task["task_key"]: need} if need else {}
         resumes = [task["task_key"]] if command.step in _ENGINE_COMMANDS \
             and command.checkpoint_dir else []
         gpu_tasks.setdefault(task.get("job_cluster_key"), []).extend(gpu)
         horovod_tasks.setdefault(task.get("job_cluster_key"), {}).update(horovod)
+        tensorflow_tasks.setdefault(task.get("job_cluster_key"), {}).update(tensorflow)
         resuming_tasks.setdefault(task.get("job_cluster_key"), []).extend(resumes)
         if "new_cluster" in task:
-            _check_cluster(task["new_cluster"], where + ("new_cluster",), gpu, horovod, add)
+            _check_cluster(task["new_cluster"], where + ("new_cluster",), gpu, horovod,
+                           tensorflow, add)
             _check_checkpoint_key(task["new_cluster"], where + ("new_cluster",), resumes, add)
     _check_cycles(tasks, add)
 
@@ -390,7 +428,7 @@ def validate(job: str | os.PathLike | Mapping[str, Any], *, source: str | None =
         if isinstance(entry, dict):
             _check_cluster(entry.get("new_cluster"), where + ("new_cluster",),
                            gpu_tasks.get(cluster_key, []), horovod_tasks.get(cluster_key, {}),
-                           add)
+                           tensorflow_tasks.get(cluster_key, {}), add)
             _check_checkpoint_key(entry.get("new_cluster"), where + ("new_cluster",),
                                   resuming_tasks.get(cluster_key, []), add)
     return problems
