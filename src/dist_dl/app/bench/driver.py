@@ -159,7 +159,7 @@ def run_benchmark(cfg: BenchConfig, *, spark=None, variants: dict | None = None,
                                 True) + (sampler, config.num_workers)
             return run
 
-        # What each of the scaled setup's workers gets (launch.device.plan_devices).
+        # What each of the scaled setup's workers gets (launch.core.device.plan_devices).
         worker_threads = (scaled.threads_per_worker
                           or max(1, (os.cpu_count() or 1) // cfg.num_workers))
         peer_info: dict = {}

@@ -71,7 +71,7 @@ def peer_fit(files: list, config: TrainConfig, steps: int, recorder: StepRecorde
     import tensorflow as tf
 
     # The library's workers get these threads from their launcher (see
-    # launch.device.plan_devices); set here so the compute is the same.
+    # launch.core.device.plan_devices); set here so the compute is the same.
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
     hvd.init()
