@@ -138,16 +138,16 @@ def test_the_jobs_tables_list_every_shipped_job():
 
 
 def test_the_limits_page_states_the_runtimes_the_job_validator_accepts():
-    from dist_dl.app.databricks.jobs import validation
+    from dist_dl.app.databricks.jobs import clusters
 
     def version(release):
         return f"{release[0]}.{release[1]}"
 
     limits = (DOCS / "limits.md").read_text(encoding="utf-8")
-    accepted = (f"Databricks Runtime ML {version(validation._MIN_RUNTIME)} to "
-                f"{version(validation._MAX_RUNTIME)} LTS")
+    accepted = (f"Databricks Runtime ML {version(clusters._MIN_RUNTIME)} to "
+                f"{version(clusters._MAX_RUNTIME)},")
     assert accepted in limits, f"docs/limits.md should say {accepted!r}"
-    horovod = f"Horovod on {version(validation._LAST_HOROVOD_RUNTIME)} LTS ML and older only"
+    horovod = f"Horovod on {version(clusters._LAST_HOROVOD_RUNTIME)} LTS ML and older only"
     assert horovod in limits, f"docs/limits.md should say {horovod!r}"
 
 
