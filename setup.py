@@ -53,11 +53,11 @@ setup(
         # arrow reader (dist_dl.read.arrow) needs only pyarrow.
         "petastorm": ["petastorm>=0.12.1"],
         # PyTorch, for TorchDistributor (dist_dl.launch.torch_distributor):
-        # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
-        # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
-        # simplejpeg: the torch loader's JPEG decoder on the CPU
-        # (dist_dl.read.imaging; Pillow where it is missing).
-        "torch": ["torch>=2.0", "simplejpeg>=1.6"],
+        # torch.distributed with Gloo (CPU) or NCCL (GPU), and torchvision's
+        # models (model="resnet50"). Every runtime ML ships both; the profiles
+        # pin the runtime's versions. simplejpeg: the torch loader's JPEG
+        # decoder on the CPU (dist_dl.read.imaging; Pillow where it is missing).
+        "torch": ["torch>=2.0", "torchvision>=0.15", "simplejpeg>=1.6"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],
