@@ -81,7 +81,7 @@ VENV        := .venv-$(PROFILE_NAME)
 # the engine, and nothing here may bring TensorFlow in.
 HOROVOD     :=
 EXTRAS      := delta,samples,torch,dev
-BUILD_FIRST := pyspark
+BUILD_FIRST := pyspark torch torchvision
 NO_DEPS     :=
 CHECK       := $(call AUTO_CHECK,torch); $(NO_TF_CHECK)
 DEMO_CONFIG := demo-torch
@@ -93,7 +93,7 @@ VENV        := .venv-$(PROFILE_NAME)
 # runtime's version (PyPI's build: CUDA on x86_64, which runs on CPUs).
 HOROVOD     :=
 EXTRAS      := delta,samples,torch,dev
-BUILD_FIRST := tensorflow-cpu keras pyspark
+BUILD_FIRST := tensorflow-cpu keras pyspark torch torchvision
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
 CHECK       := $(call AUTO_CHECK,tensorflow)
@@ -136,7 +136,9 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	$(PYTHON_CHECK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
-	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
+	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first; so does
+	# torch, whose CUDA build is GBs: the editable install below holds a lock
+	# that the environments installed side by side take in turns.
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
 	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
 	# The build log says which cmake ran (the line starting "cmake version").
