@@ -1,4 +1,4 @@
-# Two commands do all the set-up on a fresh machine (Python 3.10+, Java 17, gcc):
+# Two commands do all the set-up on a fresh machine (the profile's Python, Java 17, gcc):
 #   make demo   install the pinned stack into .venv, run the main job locally
 #   make test   install the same way, run the whole test suite (every tier below)
 # The tiers, each on its own:
@@ -18,27 +18,53 @@
 #   make bundle databricks.yml from jobs/*.json (the jobs' one source)
 #   make docs   build the documentation site into site/ (strict: a broken link or reference fails)
 # A second run reuses .venv (the stamp below) and starts in seconds.
-# The default profile is Databricks Runtime 15.4 LTS ML's Python stack
-# (constraints/dbr-15.4-ml.txt, CPU builds): the last runtime with Horovod, so
-# every test of the suite runs on it; PROFILE=dbr-15.4-ml names the same profile.
-# PROFILE=dbr-16.4-ml installs Databricks Runtime 16.4 LTS ML's
-# (constraints/dbr-16.4-ml.txt: no Horovod, no Petastorm) in .venv-dbr-16.4-ml;
-# PROFILE=dbr-17.3-ml Databricks Runtime 17.3 LTS ML's (constraints/dbr-17.3-ml.txt:
-# Spark 4, numpy 2, MLflow 3, no Horovod, no Petastorm) in .venv-dbr-17.3-ml.
+# Profiles (docs/guides/profiles.md): each is one Databricks ML runtime's Python
+# stack, pinned in constraints/<profile>.txt at the runtime's versions
+# (constraints/runtimes.json; tests/unit/test_profiles.py checks them), CPU
+# builds of TensorFlow, PyPI's builds of torch. The default, dbr-15.4-ml
+# (Databricks Runtime 15.4 LTS ML), is the last runtime with Horovod, so every
+# test of the suite runs on it, in .venv; PROFILE=<profile> installs another
+# into .venv-<profile>: dbr-16.4-ml, dbr-17.3-ml and dbr-18-ml (no Horovod, no
+# Petastorm: tf.distribute, PyTorch and the pyarrow reader), dbr-19-ml (no
+# TensorFlow or Keras either: PyTorch only). A profile's Python is the one its
+# file names (`# python: X.Y`): python<X.Y> on PATH, else pyenv's, else set
+# PYTHON=.
 
-PYTHON  ?= python3
 PROFILE ?=
 DEFAULT_PROFILE := dbr-15.4-ml
+# The profiles are the files constraints/*.txt.
+PROFILES := $(sort $(basename $(notdir $(wildcard constraints/*.txt))))
 # The profile meant (unset: the default), whose pins are constraints/<profile>.txt.
 PROFILE_NAME := $(or $(PROFILE),$(DEFAULT_PROFILE))
+ifeq ($(filter $(PROFILE_NAME),$(PROFILES)),)
+$(error PROFILE=$(PROFILE) is not a profile: leave it unset ($(DEFAULT_PROFILE)) or use one of: $(PROFILES))
+endif
 CONSTRAINTS  := constraints/$(PROFILE_NAME).txt
+# The profile's Python: its file's `# python: X.Y` line. PYTHON= on the command
+# line or in the environment overrides where to find it, not which version.
+PYTHON_VERSION := $(shell sed -n 's/^\# python: *\([0-9][0-9.]*\).*/\1/p' $(CONSTRAINTS))
+PYENV_PYTHONS  := $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/$(PYTHON_VERSION).*/bin/python$(PYTHON_VERSION))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(foreach p,python$(PYTHON_VERSION) $(PYENV_PYTHONS),$(if $(shell $(p) -c '' 2>/dev/null && echo y),$(p))))
+endif
+# Fails, saying what to do, where the profile's Python is missing or another.
+PYTHON_CHECK = @test -n "$(PYTHON)" || { echo "$(PROFILE_NAME) runs Python $(PYTHON_VERSION) (its runtime's;" \
+                 "$(CONSTRAINTS)): no python$(PYTHON_VERSION) on PATH or in pyenv's versions; install one" \
+                 "or set PYTHON=/path/to/python$(PYTHON_VERSION)" >&2; exit 1; }; \
+               $(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(None if v == "$(PYTHON_VERSION)" else \
+                 "PYTHON=$(PYTHON) is Python " + v + ": $(PROFILE_NAME) runs $(PYTHON_VERSION) ($(CONSTRAINTS))")'
 # What the install checks last: Horovod built with Gloo where a profile has it;
-# where it has neither Horovod nor Petastorm, that the library picks tf.distribute
-# and the pyarrow reader by itself (engine and reader "auto").
+# where it has neither Horovod nor Petastorm, that the library picks its engine
+# and the pyarrow reader by itself (engine and reader "auto"): tf.distribute
+# where TensorFlow is installed, PyTorch where it is not (and then, that
+# nothing installed TensorFlow).
 GLOO_CHECK := import horovod.tensorflow as h; assert h.gloo_built(), 'Horovod was built without Gloo'
-AUTO_CHECK := from dist_dl.launch import auto_engine; from dist_dl.read.dataset import choose_reader; \
+AUTO_CHECK  = from dist_dl.launch import auto_engine; from dist_dl.read.dataset import choose_reader; \
               found = (auto_engine(), choose_reader('auto')); \
-              assert found == ('tensorflow', 'arrow'), f'engine and reader auto: {found}'
+              assert found == ('$(1)', 'arrow'), f'engine and reader auto: {found}'
+NO_TF_CHECK := import importlib.util; \
+               assert importlib.util.find_spec('tensorflow') is None, 'TensorFlow was installed'
+DEMO_CONFIG := demo
 ifeq ($(PROFILE_NAME),$(DEFAULT_PROFILE))
 VENV        := .venv
 # The runtime's pyarrow 14 rules out horovod[spark] (pyarrow<11); horovod.spark.run,
@@ -49,19 +75,28 @@ BUILD_FIRST := tensorflow-cpu keras pyspark petastorm
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
 CHECK       := $(GLOO_CHECK)
-else ifneq ($(filter $(PROFILE),dbr-16.4-ml dbr-17.3-ml),)
-VENV        := .venv-$(PROFILE)
-# Runtimes 16.4 and 17.3 have neither Horovod nor Petastorm: nothing is built
-# from source, and the library picks tf.distribute and the pyarrow reader by itself.
-# They ship PyTorch: the `torch` extra (TorchDistributor), a CPU build here.
+else ifeq ($(PROFILE_NAME),dbr-19-ml)
+VENV        := .venv-$(PROFILE_NAME)
+# Runtime 19 ML has no TensorFlow and no Keras: PyTorch (the `torch` extra) is
+# the engine, and nothing here may bring TensorFlow in.
 HOROVOD     :=
 EXTRAS      := delta,samples,torch,dev
-BUILD_FIRST := tensorflow-cpu keras pyspark
+BUILD_FIRST := pyspark torch torchvision
+NO_DEPS     :=
+CHECK       := $(call AUTO_CHECK,torch); $(NO_TF_CHECK)
+DEMO_CONFIG := demo-torch
+else
+VENV        := .venv-$(PROFILE_NAME)
+# Runtimes 16.4, 17.3 and 18 have neither Horovod nor Petastorm: nothing is built
+# from source, and the library picks tf.distribute and the pyarrow reader by itself.
+# They ship PyTorch: the `torch` extra (TorchDistributor, torchvision), at the
+# runtime's version (PyPI's build: CUDA on x86_64, which runs on CPUs).
+HOROVOD     :=
+EXTRAS      := delta,samples,torch,dev
+BUILD_FIRST := tensorflow-cpu keras pyspark torch torchvision
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
-CHECK       := $(AUTO_CHECK)
-else
-$(error PROFILE=$(PROFILE) is not a profile: leave it unset ($(DEFAULT_PROFILE)), or use dbr-16.4-ml or dbr-17.3-ml)
+CHECK       := $(call AUTO_CHECK,tensorflow)
 endif
 PY     := $(VENV)/bin/python
 # Environments may be installed at once (.ci/run installs every profile's side by
@@ -92,15 +127,18 @@ JOBS ?= 3
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-restart 0)
 
 .PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
-        test-repeat reliability-report bench wheel bundle docs clean hosts-tools docs-tools
+        test-repeat reliability-report bench wheel bundle docs clean hosts-tools docs-tools profiles
 
 install: $(STAMP)
 
 $(STAMP): $(CONSTRAINTS) setup.py
 	$(call FRESH,$(STAMP))
+	$(PYTHON_CHECK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
-	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first.
+	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first; so does
+	# torch, whose CUDA build is GBs: the editable install below holds a lock
+	# that the environments installed side by side take in turns.
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
 	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
 	# The build log says which cmake ran (the line starting "cmake version").
@@ -121,6 +159,7 @@ UNIT_STAMP := $(UNIT_VENV)/$(notdir $(STAMP))
 
 $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 	$(call FRESH,$(UNIT_STAMP))
+	$(PYTHON_CHECK)
 	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
 	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools
@@ -128,7 +167,7 @@ $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 	touch $(UNIT_STAMP)
 
 demo: $(STAMP)
-	$(PY) -m dist_dl.cli pipeline --config demo
+	$(PY) -m dist_dl.cli pipeline --config $(DEMO_CONFIG)
 
 test: $(STAMP) hosts-tools docs-tools
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
@@ -192,6 +231,10 @@ docs: $(STAMP)
 	$(PY) -c "import mkdocs, mkdocstrings_handlers.python" 2>/dev/null || \
 	  $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[docs]'
 	$(PY) -m mkdocs build --strict -d site
+
+# The profiles besides the default, one a line (what .ci/run installs and tests).
+profiles:
+	@printf '%s\n' $(filter-out $(DEFAULT_PROFILE),$(PROFILES))
 
 clean:
 	rm -rf $(VENV) $(UNIT_VENV) build dist src/*.egg-info runs

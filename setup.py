@@ -64,13 +64,13 @@ setup(
         # arrow reader (dist_dl.read.arrow) needs only pyarrow.
         "petastorm": ["petastorm>=0.12.1"],
         # PyTorch, for TorchDistributor (dist_dl.launch.runners.torch_distributor):
-        # torch.distributed with Gloo (CPU) or NCCL (GPU). Runtimes 16.4 and
-        # 17.3 LTS ML ship it (their CUDA build); the profiles pin a CPU build.
-        # simplejpeg: the torch loader's JPEG decoder on the CPU
-        # (dist_dl.read.imaging; Pillow where it is missing). nvimgcodec:
-        # its decoder of a crop's window (CPU backend, no CUDA needed;
-        # wheels for Linux only, simplejpeg elsewhere).
-        "torch": ["torch>=2.0", "simplejpeg>=1.6",
+        # torch.distributed with Gloo (CPU) or NCCL (GPU), and torchvision's
+        # models (model="resnet50"). Every runtime ML ships both; the profiles
+        # pin the runtime's versions. simplejpeg: the torch loader's JPEG
+        # decoder on the CPU (dist_dl.read.imaging; Pillow where it is
+        # missing). nvimgcodec: its decoder of a crop's window (CPU backend,
+        # no CUDA needed; wheels for Linux only, simplejpeg elsewhere).
+        "torch": ["torch>=2.0", "torchvision>=0.15", "simplejpeg>=1.6",
                   "nvidia-nvimgcodec-cu12>=0.9; platform_system == 'Linux'"],
         # Mosaic Streaming: dataframe_to_mds writes the MDS datasets the torch
         # engine reads (dist_dl.read.mds reads them without it, but a

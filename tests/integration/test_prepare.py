@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.profile_subset_164]
 
 
 def _rows(path):
-    return pq.ParquetDataset(path, use_legacy_dataset=False).read().to_pylist()
+    return pq.ParquetDataset(path).read().to_pylist()
 
 
 def _stored_plainly(files) -> None:

@@ -208,7 +208,7 @@ def _handmade(path, sizes):
     os.makedirs(path, exist_ok=True)
     make_synthetic_images(str(path) + "-src", rows=sum(sizes), image_size=16, classes=3,
                           rows_per_row_group=max(sum(sizes), 1))
-    rows = pq.ParquetDataset(str(path) + "-src", use_legacy_dataset=False).read()
+    rows = pq.ParquetDataset(str(path) + "-src").read()
     start = 0
     for i, n in enumerate(sizes):
         pq.write_table(rows.slice(start, n), os.path.join(path, f"part-{i}.parquet"))

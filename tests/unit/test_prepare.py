@@ -14,7 +14,7 @@ from dist_dl.prepare.schema import COLUMNS
 
 
 def _rows(path):
-    return pq.ParquetDataset(path, use_legacy_dataset=False).read().to_pylist()
+    return pq.ParquetDataset(path).read().to_pylist()
 
 
 def test_grayscale_cmyk_png_and_alpha_are_converted_to_rgb_jpeg():

@@ -183,8 +183,12 @@ def _save_task_context(ctx, path: str) -> None:
     of the task's barrier server in the executor)."""
     from pyspark import BarrierTaskContext
 
+    # The barrier server's address: `_conn_info` from PySpark 4.1 on (a port, or
+    # a Unix socket's path), `_port` before; `_initialize` takes what it keeps.
+    address = (BarrierTaskContext._conn_info if hasattr(BarrierTaskContext, "_conn_info")
+               else BarrierTaskContext._port)
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-        cloudpickle.dump((dict(vars(ctx)), BarrierTaskContext._port, BarrierTaskContext._secret), f)
+        cloudpickle.dump((dict(vars(ctx)), address, BarrierTaskContext._secret), f)
 
 
 def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: float | None,

@@ -410,10 +410,10 @@ def restore_task_context(path: str) -> None:
     from pyspark import BarrierTaskContext, TaskContext
 
     with open(path, "rb") as f:
-        fields, port, secret = cloudpickle.load(f)
+        fields, address, secret = cloudpickle.load(f)
     ctx = BarrierTaskContext._getOrCreate()
     vars(ctx).update(fields)
-    BarrierTaskContext._initialize(port, secret)
+    BarrierTaskContext._initialize(address, secret)
     TaskContext._taskContext = ctx
 
 
