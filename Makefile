@@ -56,6 +56,10 @@ VENV        := .venv-$(PROFILE)
 # They ship PyTorch: the `torch` extra (TorchDistributor), a CPU build here.
 HOROVOD     :=
 EXTRAS      := delta,samples,torch,dev
+# Spark 4's Connect client (tests/integration/test_connect.py): pinned on 17.3.
+ifeq ($(PROFILE),dbr-17.3-ml)
+EXTRAS      := $(EXTRAS),connect
+endif
 BUILD_FIRST := tensorflow-cpu keras pyspark
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras
