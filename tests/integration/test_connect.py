@@ -109,7 +109,9 @@ def allreduce(scale):
         dist.destroy_process_group()
 
 
-@pytest.mark.timeout(240)
+# The first test of the module starts the server, its first Python workers
+# and torch in them: seconds on an idle machine, minutes on a loaded one.
+@pytest.mark.timeout(420)
 def test_torch_distributor_runs_a_gloo_job_and_returns_rank_0s_value(connect, server, capsys):
     distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, spark=connect)
     assert distributor.run(allreduce, 10) == 30.0
@@ -125,7 +127,7 @@ def fail_on_rank_1():
 
     if os.environ["RANK"] == "1":
         raise ValueError("rank one says no")
-    time.sleep(60)  # rank 0 waits: the failure ends it
+    time.sleep(300)  # rank 0 waits: the failure ends it
 
 
 def sleep_long():
@@ -134,7 +136,7 @@ def sleep_long():
     time.sleep(120)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_a_failing_rank_is_named_and_a_timeout_stops_every_process(connect, server):
     started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
@@ -146,14 +148,14 @@ def test_a_failing_rank_is_named_and_a_timeout_stops_every_process(connect, serv
     assert error.host and "rank one says no" in error.worker_traceback
     assert str(error).startswith("TorchDistributor(num_processes=2, local_mode=False): worker "
                                  f"rank 1 on host {error.host} failed: ValueError"), error
-    assert time.monotonic() - started < 60  # not rank 0's 60 s sleep
+    assert time.monotonic() - started < 240  # not rank 0's 300 s sleep
     assert _workers_left(server) == []
 
     started = time.monotonic()
     with pytest.raises(JobTimeout, match="timeout of 3 s"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, timeout=3,
                          spark=connect).run(sleep_long)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 100  # not the 120 s sleep
     assert _workers_left(server) == []
 
 

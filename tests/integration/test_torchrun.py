@@ -94,8 +94,11 @@ def pyspark_rank(shards, store, out):
 @pytest.mark.timeout(420)
 def test_pysparks_own_torch_distributor_trains_the_same_model(shards, reference, spark,
                                                               tmp_path):
+    from pyspark import cloudpickle as pyspark_cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor
 
+    # pyspark ships the function with its own copy of cloudpickle.
+    pyspark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
     trained = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(
         pyspark_rank, shards, (tmp_path / "mlruns").as_uri(), str(tmp_path / "out"))
     _assert_same_model(trained, reference)
