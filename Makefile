@@ -93,6 +93,10 @@ VENV        := .venv-$(PROFILE_NAME)
 # runtime's version (PyPI's build: CUDA on x86_64, which runs on CPUs).
 HOROVOD     :=
 EXTRAS      := delta,samples,torch,dev
+# Spark 4's Connect client (tests/integration/test_connect.py): pinned on 17.3.
+ifeq ($(PROFILE_NAME),dbr-17.3-ml)
+EXTRAS      := $(EXTRAS),connect
+endif
 BUILD_FIRST := tensorflow-cpu keras pyspark torch torchvision
 # tf-keras declares `tensorflow`, which would install a second, full TensorFlow.
 NO_DEPS     := tf-keras

@@ -76,6 +76,11 @@ setup(
         # engine reads (dist_dl.read.mds reads them without it, but a
         # compressed shard needs its decompressor, which streaming brings).
         "mds": ["mosaicml-streaming>=0.12"],
+        # pyspark's Spark Connect client (pyspark[connect]'s own requirements
+        # beyond pandas, pyarrow and numpy): for SparkSession.builder.remote(...)
+        # off Databricks; Databricks Connect brings its own.
+        # (pyspark 3.5's lower bounds; pyspark 4.0 asks for 1.67 / 1.65).
+        "connect": ["grpcio>=1.56", "grpcio-status>=1.56", "googleapis-common-protos>=1.56.4"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],

@@ -16,6 +16,10 @@ Public API (everything else is internal):
   on all workers; it returns a ``TrainedModel`` (``transform(df)`` scores)
   and raises ``TrainingFailed`` when its retries run out. ``TrainConfig``
   holds its settings.
+- ``train_torch_rank``: what ``train_distributed(engine="torch")`` runs on
+  each rank, called in every process of a job that another launcher started
+  with torchrun's variables (``torchrun``, pyspark's TorchDistributor,
+  Databricks serverless GPU).
 
 Each name is imported when it is first used (PEP 562), so that a worker which
 imports one module of the library (``dist_dl.read.arrow``) loads that module's
@@ -47,6 +51,7 @@ _EXPORTS = {
     "TrainedModel": "dist_dl.train.driver",
     "TrainingFailed": "dist_dl.train.attempts",
     "TrainConfig": "dist_dl.train.config",
+    "train_torch_rank": "dist_dl.train.torchrun",
 }
 
 # What the names are, for type checkers and the API reference (mkdocstrings);
@@ -62,10 +67,12 @@ if TYPE_CHECKING:
     from dist_dl.train.attempts import TrainingFailed  # noqa: F401
     from dist_dl.train.config import TrainConfig  # noqa: F401
     from dist_dl.train.driver import TrainedModel, train_distributed  # noqa: F401
+    from dist_dl.train.torchrun import train_torch_rank  # noqa: F401
 
 __all__ = ["HorovodRunner", "TFDistributeRunner", "MirroredStrategyRunner", "TorchDistributor",
            "log_to_driver", "WorkerError", "JobTimeout", "NotEnoughSlots", "WorkersDiverged",
-           "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig"]
+           "train_distributed", "TrainedModel", "TrainingFailed", "TrainConfig",
+           "train_torch_rank"]
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

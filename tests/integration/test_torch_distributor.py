@@ -21,9 +21,8 @@ pytest.importorskip("torch", reason="torch is not installed in this profile (the
                                     "profiles dbr-16.4-ml and dbr-17.3-ml)")
 
 import cloudpickle  # noqa: E402
-import psutil  # noqa: E402
 from no_tensorflow import env_without_tensorflow  # noqa: E402
-from waits import left_after  # noqa: E402
+from waits import workers_left  # noqa: E402
 
 from dist_dl import JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError  # noqa: E402
 
@@ -37,23 +36,8 @@ TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD
 
 
 def _workers_left(within: float = 10.0) -> list[str]:
-    """Worker processes of this test process's jobs still running ``within``
-    seconds from now (Spark's Python workers included: they are children of
-    its JVM, a child of this). A failed job's other ranks end as their Spark
-    tasks are cancelled, which may come a moment after the error is raised:
-    the launcher's tests give them the same 10 s."""
-    def running() -> list[str]:
-        left = []
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if ("dist_dl.launch.core._worker_main" in " ".join(proc.cmdline())
-                        and proc.status() != psutil.STATUS_ZOMBIE):
-                    left.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
-            except psutil.Error:
-                pass
-        return left
-
-    return left_after(running, within)
+    """This test process's jobs' worker processes still running ``within`` s from now."""
+    return workers_left(within=within)
 
 
 def allreduce_and_place(scale, offset=0):

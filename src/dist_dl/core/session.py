@@ -42,12 +42,16 @@ def get_spark(master: str | None = None, app_name: str = "dist_dl", conf: dict |
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None and (master is None or active.sparkContext.master == master):
+    if active is not None and master is None:
         return active
     if active is not None:
+        # From the session's configuration: a Spark Connect session has no SparkContext.
+        active_master = active.conf.get("spark.master", "")
+        if active_master == master:
+            return active
         if not replace:
             raise ValueError(
-                f"a SparkSession on master {active.sparkContext.master!r} is active, and one "
+                f"a SparkSession on master {active_master!r} is active, and one "
                 f"process can hold only one SparkContext, so none can start on {master!r}. "
                 "Leave master unset (or pass spark=) to use the active session, or stop it "
                 "first (spark.stop()).")
@@ -200,6 +204,8 @@ def task_slots(spark) -> int:
     cores, divided by ``spark.task.cpus``), the figure Spark's barrier mode
     checks against.
     """
+    # A classic session's; a Spark Connect session states its slots in its
+    # configuration, if anywhere (dist_dl.core.sessionkind.configured_slots).
     jsc = spark.sparkContext._jsc.sc()
     # `maxNumConcurrentTasks` is private[spark] in Scala, public in bytecode.
     profile = jsc.resourceProfileManager().defaultResourceProfile()

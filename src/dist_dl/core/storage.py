@@ -14,7 +14,7 @@ import socket
 import uuid
 
 from dist_dl.core.locations import is_remote, local_path
-from dist_dl.core.session import job_group
+from dist_dl.core.sessionkind import call_in_task, session_jobs, session_master
 
 __all__ = ["check_shared", "NotShared"]
 
@@ -54,8 +54,7 @@ def check_shared(spark, outputs: dict[str, str | None], inputs: dict[str, str | 
         NotShared: a folder the executor does not see; the message names the
             setting, the folder and what to use instead.
     """
-    sc = spark.sparkContext
-    if sc.master.startswith("local"):
+    if session_master(spark).startswith("local"):
         return
     given = {**(inputs or {}), **outputs}
     tag = uuid.uuid4().hex
@@ -88,9 +87,9 @@ def check_shared(spark, outputs: dict[str, str | None], inputs: dict[str, str | 
             return
 
         names = list(probes)
-        with job_group(sc, f"dist_dl-shared-check-{tag[:8]}",
-                       f"dist_dl: are {len(names)} folder(s) shared with the executors?"):
-            host, seen = sc.parallelize([[probes[n] for n in names]], 1).map(_look).collect()[0]
+        with session_jobs(spark, f"dist_dl-shared-check-{tag[:8]}",
+                          f"dist_dl: are {len(names)} folder(s) shared with the executors?"):
+            host, seen = call_in_task(spark, _look, [probes[n] for n in names])
     finally:
         for marker in markers:
             try:

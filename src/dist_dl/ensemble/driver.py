@@ -28,7 +28,7 @@ from dist_dl.core import compat
 from dist_dl.core.deprecation import renamed_attribute, renamed_parameters
 from dist_dl.core.integrity import verify_file
 from dist_dl.core.locations import local_path
-from dist_dl.core.session import job_group
+from dist_dl.core.sessionkind import default_parallelism, is_connect, session_jobs
 from dist_dl.core.settings import checked, setting
 from dist_dl.core.storage import check_shared
 from dist_dl.ensemble import task as _task
@@ -129,7 +129,11 @@ class Ensemble:
         if prediction_col in df.columns:
             raise ValueError(f"prediction_col={prediction_col!r} is already a column of df; "
                              "pass another name")
-        blobs = df.sparkSession.sparkContext.broadcast(self._model().member_blobs())
+        spark = df.sparkSession
+        # A Connect session has no broadcast variables: the members travel
+        # in the task's closure.
+        blobs = (_task.InlineMembers(self._model().member_blobs()) if is_connect(spark)
+                 else spark.sparkContext.broadcast(self._model().member_blobs()))
         label_type = _label_type(self.class_names)
         schema = T.StructType([*df.schema.fields, T.StructField(prediction_col, label_type)])
         fn = functools.partial(_task.predict_partition, blobs=blobs, classes=list(self.class_names),
@@ -154,10 +158,11 @@ def _label_type(classes):
 PHASE_PREFIX = "dist_dl ensemble: "
 
 
-def _describe(sc, phase: str) -> None:
+def _describe(spark, phase: str) -> None:
     # Names the next Spark jobs in the UI and event log (and lets a benchmark
-    # time each phase).
-    sc.setLocalProperty("spark.job.description", PHASE_PREFIX + phase)
+    # time each phase); a Connect session's jobs go by their group's tag.
+    if not is_connect(spark):
+        spark.sparkContext.setLocalProperty("spark.job.description", PHASE_PREFIX + phase)
 
 
 def _check_counts(stats, spec: _Spec) -> tuple[tuple, list[int]]:
@@ -354,7 +359,7 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
     from pyspark.sql import functions as F
 
     label_col, num_models = spec.label_col, spec.num_models
-    sc = df.sparkSession.sparkContext
+    spark = df.sparkSession
     # One uniform random number per row decides where it goes: below
     # validation_fraction it is held out, and its hash picks the partition
     # (the member). It is drawn once and cached with the rows, so training and
@@ -369,8 +374,8 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                 .persist())
     held_out = F.col(_RAND) < spec.validation_fraction
     try:
-        with job_group(sc, group, f"dist_dl ensemble of {num_models} members"):
-            _describe(sc, "split rows, cache and count them")
+        with session_jobs(spark, group, f"dist_dl ensemble of {num_models} members"):
+            _describe(spark, "split rows, cache and count them")
             stats = (assigned
                      .groupBy(F.spark_partition_id().alias("part"), held_out.alias("held_out"))
                      .agg(F.count("*").alias("rows"),
@@ -381,7 +386,7 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
             check_partition_memory(max(partition_rows), sum(partition_rows),
                                    len(spec.feature_cols), spec.memory_factor, limit, source)
 
-            _describe(sc, "train one member per partition")
+            _describe(spark, "train one member per partition")
             fn = functools.partial(_task.train_partition, factory=model_factory,
                                    feature_cols=list(spec.feature_cols), label_col=label_col,
                                    classes=list(classes), fit_kwargs=fit_kwargs, member_dir=staging)
@@ -399,7 +404,7 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                                    f"({'; '.join(failed) or 'tasks missing'}); lower num_models")
             members = _member_files(results, output_dir)
 
-            _describe(sc, "score members and ensemble on the held-out rows")
+            _describe(spark, "score members and ensemble on the held-out rows")
             # The digests travel with the task (its closure), not through the
             # shared folder.
             score_fn = functools.partial(_task.score_partition, members=members,
@@ -408,7 +413,7 @@ def _train_and_score(df, spec: _Spec, model_factory, fit_kwargs, limit: int, sou
                                          label_col=label_col, method=spec.combine)
             # Every partition holds some held-out rows; one task per core (at
             # most) scores them, so fewer tasks set up a Python stream.
-            tasks = max(1, min(num_models, sc.defaultParallelism))
+            tasks = max(1, min(num_models, default_parallelism(spark)))
             scored = (assigned.where(held_out).drop(_RAND).coalesce(tasks)
                       .mapInPandas(score_fn, _task.SCORE_SCHEMA).collect())
     finally:

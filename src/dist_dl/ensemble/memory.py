@@ -12,7 +12,7 @@ import math
 import os
 
 from dist_dl.core.session import task_slots
-from dist_dl.core.sparkconf import conf_value
+from dist_dl.core.sessionkind import configured_slots, is_connect, session_conf, session_master
 
 __all__ = ["PartitionMemoryError", "estimate_partition_memory", "task_memory",
            "check_partition_memory"]
@@ -39,19 +39,20 @@ def estimate_partition_memory(rows: int, num_features: int, *, memory_factor: fl
 
 def task_memory(spark) -> tuple[int, str]:
     """Memory one Python task may use, and where that figure comes from."""
-    sc = spark.sparkContext
-    cores = int(conf_value(sc, "spark.executor.cores", "1") or 1)
-    pyspark_mem = conf_value(sc, "spark.executor.pyspark.memory")
+    cores = int(session_conf(spark, "spark.executor.cores", "1") or 1)
+    pyspark_mem = session_conf(spark, "spark.executor.pyspark.memory")
     if pyspark_mem:
         # Spark sets this, divided by the executor's cores, as each Python
         # worker's address-space limit (PythonRunner).
         return (_parse_size(pyspark_mem) // cores,
                 f"spark.executor.pyspark.memory={pyspark_mem} / spark.executor.cores={cores}")
-    if sc.master.startswith("local"):
-        slots = max(1, task_slots(spark))
+    if session_master(spark).startswith("local"):
+        # A Connect session's local server is taken to share this machine.
+        slots = max(1, (configured_slots(spark) or os.cpu_count() or 1) if is_connect(spark)
+                    else task_slots(spark))
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total // slots, f"this machine's memory / {slots} local task slots"
-    executor = conf_value(sc, "spark.executor.memory", "1g")
+    executor = session_conf(spark, "spark.executor.memory", "1g")
     # Without a Python limit, workers share the executor's node; its JVM size
     # per core is a conservative stand-in for what each can use.
     return (_parse_size(executor) // cores,

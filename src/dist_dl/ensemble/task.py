@@ -24,7 +24,7 @@ from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.ensemble.members import Scorer, fit_member, read_members
 
 __all__ = ["TRAIN_SCHEMA", "SCORE_SCHEMA", "train_partition", "score_partition",
-           "predict_partition", "shared_scorer"]
+           "predict_partition", "shared_scorer", "InlineMembers"]
 
 TRAIN_SCHEMA = ("member int, path string, size long, sha256 string, kind string, rows long, "
                 "start double, end double, fit_seconds double, error string")
@@ -40,7 +40,22 @@ SCORE_SCHEMA = "rows long, ensemble_correct long, member_correct array<long>"
 _last_scorer: tuple = (None, None, None)
 
 
+class InlineMembers:
+    """The members' pickled bytes carried in the task's closure (a Spark
+    Connect session has no broadcast variables); read as a Broadcast is, by
+    ``value``. Each task unpickles its own copy, so a worker's cache goes by
+    its content's digest."""
+
+    def __init__(self, blobs: list[bytes]):
+        import hashlib
+
+        self.value = blobs
+        self.digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blobs)).hexdigest()
+
+
 def _same_source(cached, source) -> bool:
+    if isinstance(source, InlineMembers):
+        return isinstance(cached, InlineMembers) and cached.digest == source.digest
     if isinstance(source, tuple):  # member files: the same paths
         return cached == source
     # A Broadcast: Spark hands every task of a worker the same object for one
@@ -55,8 +70,8 @@ def shared_scorer(members, classes: Sequence, feature_cols: Sequence[str],
 
     ``members`` is a tuple of ``(path, sha256)`` pairs of the members' files
     (what ``train_partition`` wrote and reported; each file is checked
-    against its digest before it is unpickled) or a PySpark ``Broadcast`` of
-    their pickled bytes (already checked by the driver).
+    against its digest before it is unpickled), or a PySpark ``Broadcast`` or
+    `InlineMembers` of their pickled bytes (already checked by the driver).
     """
     global _last_scorer
     args = (tuple(classes), tuple(feature_cols), method)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from dist_dl.core.locations import file_path, file_url, local_path, spark_path
 from dist_dl.core.progress import SparkProgress
+from dist_dl.core.sessionkind import spark_context
 from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.core.session import job_group
 from dist_dl.core.storage import check_shared
@@ -158,13 +159,18 @@ def prepare_image_dataset(
     out_path = local_path(output, "output")
     check_destination(out_path, format, mode)
     spark = spark or (dataframe.sparkSession if dataframe is not None else get_spark())
+    sc = spark_context(spark, "prepare_image_dataset (it counts decoded images in an "
+                       "accumulator, and lists files into an RDD)",
+                       "Prepare the shards on a classic session (a dedicated cluster, or the "
+                       "prepare-data job); train_distributed reads them by location from any "
+                       "session.")
     # Executors read the image files and write the shards.
     check_shared(spark, {"output": output}, {"image_dir": image_dir, "labels_file": labels_file},
                  "prepare_image_dataset")
 
     if image_dir is not None:
         rows = _list_images(image_dir, labels_file)
-        src = _listing_frame(spark, rows)
+        src = _listing_frame(spark, sc, rows)
         string_labels = True
         # The listing is on the driver already: no Spark job to count it.
         known = (len(rows), {label for _, _, label in rows})
@@ -172,7 +178,6 @@ def prepare_image_dataset(
         src, string_labels = _frame_source(dataframe, image_col, label_col, source_id_col)
         known = None
 
-    sc = spark.sparkContext
     group = f"dist_dl-prepare-{uuid.uuid4().hex[:8]}"
     processed = None
     decoded = sc.accumulator(0)
@@ -302,7 +307,7 @@ def _read_labels_file(path: str) -> dict[str, str]:
     return labels
 
 
-def _listing_frame(spark, rows):
+def _listing_frame(spark, sc, rows):
     from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     schema = StructType([StructField("_source_id", StringType()),
@@ -311,9 +316,9 @@ def _listing_frame(spark, rows):
                          StructField("_label_name", StringType()),
                          StructField("_label", LongType())])
     # Small partitions: each task reads and re-encodes its files.
-    slices = max(spark.sparkContext.defaultParallelism, math.ceil(len(rows) / 500))
+    slices = max(sc.defaultParallelism, math.ceil(len(rows) / 500))
     data = [(sid, path, None, label, None) for sid, path, label in rows]
-    return spark.createDataFrame(spark.sparkContext.parallelize(data, slices), schema)
+    return spark.createDataFrame(sc.parallelize(data, slices), schema)
 
 
 def _frame_source(df, image_col, label_col, source_id_col):

@@ -14,6 +14,8 @@ import tempfile
 import uuid
 import zipfile
 
+from dist_dl.core.sessionkind import is_connect
+
 __all__ = ["score_dataframe"]
 
 
@@ -86,7 +88,11 @@ def score_dataframe(df, model_uri: str, *, image_col: str, prediction_col: str =
     model_image_col = _model_image_col(local_dir, model_uri)
     archive = _archive(local_dir)
     spark = df.sparkSession
-    spark.sparkContext.addFile(archive)
+    if is_connect(spark):
+        # The session's file artifacts: SparkFiles.get finds them in its tasks.
+        spark.addArtifacts(archive, file=True)
+    else:
+        spark.sparkContext.addFile(archive)
 
     nullable = on_error == "null"
     schema = T.StructType(list(df.schema.fields))

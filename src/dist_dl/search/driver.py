@@ -27,6 +27,7 @@ from dist_dl.core.optional import require
 from dist_dl.core.redact import redact_secrets
 from dist_dl.core.session import job_group
 from dist_dl.core.settings import checked, setting
+from dist_dl.core.sessionkind import spark_context
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
@@ -235,7 +236,11 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         max_trials = len(grid)
 
     spark = spark or get_spark()
-    sc = spark.sparkContext
+    # The trials report to a server on the driver: a Connect client may be
+    # out of the executors' reach (Databricks Connect runs it on a laptop).
+    sc = spark_context(spark, "search() (its trials report each step to the driver)",
+                       "Run the search on a classic session (a dedicated cluster), or run each "
+                       "trial with TorchDistributor/TFDistributeRunner from this session.")
     slots = task_slots(spark)
     if max_concurrent > slots:
         warnings.warn(f"max_concurrent={max_concurrent} but the cluster has {slots} task slots "

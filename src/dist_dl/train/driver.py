@@ -23,6 +23,7 @@ from dist_dl.core.deprecation import renamed_parameters
 from dist_dl.core.integrity import checkpoint_key, key_id
 from dist_dl.core.locations import local_path
 from dist_dl.core.session import get_spark
+from dist_dl.core.sessionkind import is_connect, session_master
 from dist_dl.core.storage import check_shared
 from dist_dl.launch.core.errors import JobCancelled
 from dist_dl.score import score_dataframe
@@ -245,6 +246,42 @@ def _check_shared(spark, data, validation, cfg: TrainConfig, tracking_uri: str |
 def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir, tracking_uri,
            experiment_name, run_name, registered_model_name) -> TrainedModel:
     """Plan, open the run, launch (with retries), collect the result."""
+    backend = _backend(cfg.backend, spark)
+    if backend == "spark" and spark is None:
+        spark = get_spark()
+    spec, client = open_run(train_url, val_url, rows, cfg, builder, callbacks, backend,
+                            output_dir, tracking_uri, experiment_name, run_name,
+                            registered_model_name)
+    run_id = spec.run_id
+    try:
+        result, attempts = run_attempts(spec, cfg, backend, spark, client, run_id)
+    except BaseException as exc:
+        killed = isinstance(exc, (KeyboardInterrupt, JobCancelled))
+        client.set_terminated(run_id, "KILLED" if killed else "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return trained_model(spec, result, client, attempts)
+
+
+def trained_model(spec, result: dict, client, attempts: int) -> TrainedModel:
+    """The `TrainedModel` of a finished run: ``spec``'s, with rank 0's ``result``."""
+    return TrainedModel(
+        run_id=spec.run_id, model_uri=result["model_uri"], tracking_uri=spec.tracking_uri,
+        registered_model_name=spec.registered_model_name,
+        registered_version=result.get("registered_version"), history=_history(client, spec.run_id),
+        initial_epoch=spec.initial_epoch, num_workers=spec.config.num_workers,
+        classes=spec.classes, class_names=spec.class_names, checkpoint_dir=spec.checkpoint_dir,
+        attempts=attempts, image_col=spec.config.image_col, engine=spec.config.engine)
+
+
+def open_run(train_url, val_url, rows, cfg, builder, callbacks, backend: str, output_dir,
+             tracking_uri, experiment_name, run_name, registered_model_name):
+    """Plan the attempt and open its MLflow run: ``(WorkerSpec, MlflowClient)``.
+
+    What ``train_distributed`` does on the driver before it launches the
+    workers, and what `dist_dl.train.torchrun.train_torch_rank()` does on
+    rank 0 under a launcher of its own.
+    """
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -256,9 +293,6 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
     plan = _plan(train_url, cfg, classes, "data")
     val_plan = _plan(val_url, cfg, classes, "validation") if val_url else None
     train_steps = min(plan.steps_per_epoch, cfg.max_steps_per_epoch or plan.steps_per_epoch)
-    backend = _backend(cfg.backend, spark)
-    if backend == "spark" and spark is None:
-        spark = get_spark()
 
     uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
     with mlflow_target(uri, experiment_name) as experiment_id:
@@ -295,23 +329,8 @@ def _train(train_url, val_url, rows, cfg, builder, callbacks, spark, output_dir,
                       registered_model_name=registered_model_name,
                       registry_uri=_registry_uri() if registered_model_name else None,
                       callbacks=callbacks,
-                      checkpoint_key=key)
-    try:
-        result, attempts = run_attempts(spec, cfg, backend, spark, client, run_id)
-    except BaseException as exc:
-        killed = isinstance(exc, (KeyboardInterrupt, JobCancelled))
-        client.set_terminated(run_id, "KILLED" if killed else "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return TrainedModel(run_id=run_id, model_uri=result["model_uri"], tracking_uri=uri,
-                        registered_model_name=registered_model_name,
-                        registered_version=result.get("registered_version"),
-                        history=_history(client, run_id),
-                        initial_epoch=initial_epoch,
-                        num_workers=cfg.num_workers,
-                        classes=classes, class_names=tuple(class_names),
-                        checkpoint_dir=checkpoint_dir, attempts=attempts, image_col=cfg.image_col,
-                        engine=cfg.engine)
+                      checkpoint_key=key, initial_epoch=initial_epoch)
+    return spec, client
 
 
 def _registry_uri() -> str | None:
@@ -443,9 +462,15 @@ def _backend(choice: str, spark) -> str:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
+    if spark is None:
+        return "local"
+    # A Spark Connect session's client may run anywhere (Databricks Connect:
+    # a laptop): its workers run on the cluster's tasks.
+    if is_connect(spark):
+        return "spark"
     # Same machine either way on local[N]: processes start in a fraction of
     # a second, Spark tasks in several (benchmarks/RESULTS.md, launcher).
-    if spark is None or spark.sparkContext.master.startswith("local"):
+    if session_master(spark).startswith("local"):
         return "local"
     return "spark"
 

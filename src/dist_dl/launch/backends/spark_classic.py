@@ -12,6 +12,10 @@ children get the task's ``sys.path`` (modules shipped with ``sc.addPyFile``
 import in them) and its ``BarrierTaskContext`` (``BarrierTaskContext.get()``,
 ``barrier()`` and ``allGather()`` work in the worker function as in the task
 itself).
+
+A Spark Connect session (no SparkContext) gets the same stage through the
+DataFrame API: `BarrierSparkBackend` hands it to
+``dist_dl.launch.backends.spark_connect``.
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -30,12 +33,14 @@ import cloudpickle
 
 from dist_dl.core.placement import TASK_GPUS_VAR
 from dist_dl.core.session import get_spark, job_group
+from dist_dl.core.sessionkind import is_connect
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled
 from dist_dl.launch.backends.processes import WorkerProcesses
 from dist_dl.launch.core import protocol
 from dist_dl.launch.core.channel import DriverChannel, OutputServer
-from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots, failure_from
+from dist_dl.launch.core.deadline import Backstop, stage_refusal
+from dist_dl.launch.core.errors import failure_from
 from dist_dl.launch.core.protocol import DriverSink
 from dist_dl.launch.core.rendezvous import Engine, first_rank, pick_ports, runner_label, with_gpus
 from dist_dl.launch.core.slots import check_slots
@@ -80,8 +85,15 @@ class BarrierSparkBackend:
         """Run ``fn(**kwargs)`` in the workers of ``num_proc`` tasks; return
         rank 0's result."""
         spark = self.spark or get_spark()
-        sc = spark.sparkContext
         label = runner_label(options, self.engine, num_proc)
+        # --- Spark Connect sessions: the stage through the DataFrame API.
+        if is_connect(spark):
+            from dist_dl.launch.backends.spark_connect import run_connect
+
+            return run_connect(self, spark, fn, kwargs, num_proc, options, sink, label,
+                               _barrier_task)
+        # --- end Spark Connect
+        sc = spark.sparkContext
         layout = self.layout or [1] * num_proc
         if len(layout) != num_proc:
             raise ValueError(f"{label}: a layout of {len(layout)} tasks for {num_proc} tasks")
@@ -95,19 +107,9 @@ class BarrierSparkBackend:
                                  options.timeout, self.grace, label, self.engine, layout,
                                  (self.gpu_resource, self.worker_gpus),
                                  forkserver.driver_switch())
-        expired = threading.Event()
-        backstop = None
-        if options.timeout:
-
-            def cancel():
-                expired.set()
-                sc.cancelJobGroup(group)
-
-            backstop = threading.Timer(options.timeout + 2 * self.grace, cancel)
-            backstop.daemon = True
-            backstop.start()
+        backstop = Backstop(options.timeout, self.grace, lambda: sc.cancelJobGroup(group))
         try:
-            with job_group(sc, group, label):
+            with backstop, job_group(sc, group, label):
                 results = sc.parallelize(range(num_proc), num_proc).barrier() \
                     .mapPartitions(task).collect()
         except SparkStalled:
@@ -115,21 +117,12 @@ class BarrierSparkBackend:
         except Exception as exc:
             server.close()
             sink.close()
-            text = str(exc)
-            if "SPARK-24819" in text or "requires more slots than" in text:
-                raise NotEnoughSlots(
-                    f"{label} needs {num_proc} Spark tasks running at the same "
-                    f"time, and Spark's barrier mode found fewer task slots (executors were "
-                    f"lost after the check?). Use a smaller np, or add workers or cores."
-                ) from exc
-            if expired.is_set() and sink.first("timeout") is None:
-                raise JobTimeout(
-                    f"{label}: the job did not finish within its timeout of {options.timeout:g} "
-                    f"s (+{2 * self.grace:g} s grace); its Spark tasks were cancelled") from exc
+            refused = stage_refusal(str(exc), backstop, sink, label, num_proc, options.timeout,
+                                    self.grace, "its Spark tasks were cancelled")
+            if refused is not None:
+                raise refused from exc
             raise failure_from(sink, server.first_failed, options.timeout, label) from exc
         finally:
-            if backstop is not None:
-                backstop.cancel()
             server.close()
         sink.close()
         (rank0,) = [result for rank, result in results if rank == 0]
@@ -203,7 +196,9 @@ def _barrier_task(payload: bytes, driver: tuple[str, int], token: str, timeout: 
     ctx = BarrierTaskContext.get()
     place = ctx.partitionId()
     first = first_rank(layout, place)
-    channel = DriverChannel(driver, token, place)
+    # A callable ``driver`` opens the task's own channel (Spark Connect:
+    # `dist_dl.launch.backends.spark_connect`), else the driver's output server.
+    channel = driver(place) if callable(driver) else DriverChannel(driver, token, place)
     code, failed_rank = None, first
     try:
         if not channel.go:

@@ -9,10 +9,10 @@ import time
 import warnings
 
 from dist_dl.core.session import task_slots
-from dist_dl.core.sparkconf import conf_value
+from dist_dl.core.sessionkind import configured_slots, is_connect, session_conf, session_master
 from dist_dl.launch.core.errors import JobTimeout, NotEnoughSlots
 
-__all__ = ["SSL_KEY", "check_slots", "wait_for_free_slots", "check_encryption", "conf_bool",
+__all__ = ["SSL_KEY", "check_slots", "check_connect_slots", "wait_for_free_slots", "check_encryption", "conf_bool",
            "task_gpu_amount", "driver_gpus", "split", "check_task_slots", "LazySpark"]
 
 SSL_KEY = "spark.ssl.enabled"
@@ -29,6 +29,10 @@ def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner"
     in the messages as its user wrote it (default ``runner(np=num_proc)``).
     """
     label = label or f"{runner}(np={num_proc})"
+    # --- Spark Connect sessions: the slots their configuration states.
+    if is_connect(spark):
+        return check_connect_slots(spark, num_proc, label) or num_proc
+    # --- end Spark Connect
     start = time.monotonic()
     reported = None
     while True:
@@ -51,6 +55,23 @@ def check_slots(spark, num_proc: int, wait: float, runner: str = "HorovodRunner"
                   f"({master}) has {slots} (waited {waited:.0f} s of {wait:g})", flush=True)
             reported = time.monotonic()
         time.sleep(0.5)
+
+
+def check_connect_slots(spark, num_proc: int, label: str) -> int | None:
+    """The task slots of a Connect session's cluster where its configuration
+    states them (None where it does not: Spark's barrier mode checks when the
+    stage starts).
+
+    Raises:
+        NotEnoughSlots: fewer than ``num_proc``.
+    """
+    slots = configured_slots(spark)
+    if slots is not None and slots < num_proc:
+        raise NotEnoughSlots(
+            f"{label} needs {num_proc} Spark tasks running at the same time, and this Spark "
+            f"Connect session's cluster ({session_master(spark)}) has {slots} task slot(s) "
+            f"(executor cores / spark.task.cpus): use fewer processes, or add workers or cores.")
+    return slots
 
 
 def _busy_slots(sc) -> int:
@@ -105,19 +126,23 @@ class LazySpark:
 
     @property
     def sc(self):
-        """The SparkContext the runner uses (started on first use)."""
-        return self._spark_session().sparkContext
+        """The SparkContext the runner uses (started on first use); a Spark
+        Connect session has none (``spark_context`` says so)."""
+        from dist_dl.core.sessionkind import spark_context
+
+        return spark_context(self._spark_session(), type(self).__name__,
+                             "Use its SparkSession instead.")
 
 
-def conf_bool(sc, key: str) -> bool:
+def conf_bool(spark, key: str) -> bool:
     """The Spark configuration ``key`` as a boolean ('true' or 'false'; unset: false)."""
-    value = (conf_value(sc, key, "false") or "false").strip().lower()
+    value = (session_conf(spark, key, "false") or "false").strip().lower()
     if value not in ("true", "false"):
         raise ValueError(f"the Spark configuration {key} must be 'true' or 'false', got {value!r}")
     return value == "true"
 
 
-def check_encryption(sc, label: str, ignore_key: str, traffic: str) -> None:
+def check_encryption(spark, label: str, ignore_key: str, traffic: str) -> None:
     """Refuse a cluster that encrypts Spark's traffic (``spark.ssl.enabled``),
     since the workers' ``traffic`` (the engine's collectives) is not
     encrypted, unless ``ignore_key`` is true; then warn.
@@ -125,9 +150,9 @@ def check_encryption(sc, label: str, ignore_key: str, traffic: str) -> None:
     Raises:
         RuntimeError: TLS is on and ``ignore_key`` is not true.
     """
-    if not conf_bool(sc, SSL_KEY):
+    if not conf_bool(spark, SSL_KEY):
         return
-    if conf_bool(sc, ignore_key):
+    if conf_bool(spark, ignore_key):
         warnings.warn(
             f"{label}: this cluster has TLS encryption on ({SSL_KEY}=true), and the workers' "
             f"{traffic} traffic (gradients, model parameters) is not encrypted; running anyway "
@@ -140,14 +165,14 @@ def check_encryption(sc, label: str, ignore_key: str, traffic: str) -> None:
         f"configuration.")
 
 
-def task_gpu_amount(sc, resource: str, label: str) -> int:
+def task_gpu_amount(spark, resource: str, label: str) -> int:
     """``spark.task.resource.<resource>.amount``: the whole GPUs each Spark task gets.
 
     Raises:
         ValueError: it is unset, or not a positive integer.
     """
     key = f"spark.task.resource.{resource}.amount"
-    value = conf_value(sc, key)
+    value = session_conf(spark, key)
     if value is None:
         raise ValueError(
             f"{label}: GPU training (use_gpu=True, the default) needs Spark's GPU scheduling, "
@@ -178,7 +203,9 @@ def driver_gpus(session, resource: str) -> list[str]:
             return visible_gpus()
         session = SparkSession.getActiveSession()
     found = None
-    if session is not None:
+    if session is not None and not is_connect(session):
+        # A Connect client's own GPUs are the visible ones (as pyspark's
+        # TorchDistributor takes them): the server's resources are not its.
         found = session.sparkContext.resources.get(resource)
     if found is None:
         return visible_gpus()
@@ -207,6 +234,8 @@ def check_task_slots(spark, tasks: int, label: str, *, count: str, per_task: int
     try:
         check_slots(spark, tasks, wait, label=label)
     except NotEnoughSlots:
+        if is_connect(spark):
+            raise  # its message names what the configuration states
         slots = task_slots(spark)
         raise NotEnoughSlots(
             f"{label} needs {tasks} Spark tasks running at the same time, and the cluster "

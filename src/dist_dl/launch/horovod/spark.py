@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from dist_dl.core import compat
 from dist_dl.core.session import get_spark
+from dist_dl.core.sessionkind import spark_context
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
 from dist_dl.launch.fork import client as forkserver
@@ -94,10 +95,16 @@ class SparkBackend:
 
     def run(self, fn: Callable[..., Any], kwargs: dict, num_proc: int, options: WorkerOptions,
             sink: DriverSink) -> Any:
+        spark = self.spark or get_spark()
+        # --- Spark Connect sessions: Horovod's Spark runner needs RDDs.
+        spark_context(spark, f"HorovodRunner(np={num_proc}) (Horovod's Spark runner, RDDs)",
+                      "Run the function with TFDistributeRunner (tf.distribute) or "
+                      "TorchDistributor (torch.distributed), which run on Connect sessions, or "
+                      "on a classic session (a dedicated cluster).")
+        # --- end Spark Connect
         import horovod.spark
         from horovod.spark.driver import job_id
 
-        spark = self.spark or get_spark()
         slots = check_slots(spark, num_proc, self.slot_wait)
         wait_for_free_slots(spark, num_proc, slots, options.timeout)
         _patch_shutdown_event()

@@ -132,7 +132,7 @@ class MirroredStrategyRunner(LazySpark, Runner):
 
     def _task_gpus(self) -> list[int]:
         """The GPUs each Spark task's worker gets, one entry per task."""
-        amount = task_gpu_amount(self.sc, self.gpu_resource_name, self._label())
+        amount = task_gpu_amount(self._spark_session(), self.gpu_resource_name, self._label())
         self._gpus_per_task = amount
         return split(self.num_slots, math.ceil(self.num_slots / amount))
 
@@ -172,7 +172,7 @@ class MirroredStrategyRunner(LazySpark, Runner):
         return abs(self.num_processor)
 
     def _check_encryption(self) -> None:
-        check_encryption(self.sc, self._label(), IGNORE_SSL_KEY, "TensorFlow")
+        check_encryption(self._spark_session(), self._label(), IGNORE_SSL_KEY, "TensorFlow")
 
     def _check_slots(self, wait: float = 10.0) -> None:
         """Fail within seconds, saying which num_slots fits, where the

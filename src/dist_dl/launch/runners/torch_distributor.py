@@ -99,7 +99,7 @@ class TorchDistributor(LazySpark, Runner):
             from dist_dl.launch.engines.torch import spark_backend
 
             if self.use_gpu:
-                self._gpus_per_task = task_gpu_amount(self.sc, GPU_RESOURCE, self._label())
+                self._gpus_per_task = task_gpu_amount(self._spark_session(), GPU_RESOURCE, self._label())
                 layout = split(num_processes, math.ceil(num_processes / self._gpus_per_task))
                 gpus = layout
             else:
@@ -138,7 +138,7 @@ class TorchDistributor(LazySpark, Runner):
         return f"{type(self).__name__}(num_processes={self.num_processes}{where})"
 
     def _check_encryption(self) -> None:
-        check_encryption(self.sc, self._label(), IGNORE_SSL_KEY, "torch.distributed")
+        check_encryption(self._spark_session(), self._label(), IGNORE_SSL_KEY, "torch.distributed")
 
     def _check_slots(self, wait: float = 10.0) -> None:
         check_task_slots(

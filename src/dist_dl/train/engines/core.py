@@ -44,6 +44,8 @@ class WorkerSpec:
         attempt: 1 for the first attempt, 2 for the first retry, ...
         checkpoint_key: Signs and checks the checkpoints (kept out of the
             checkpoint folder; see ``dist_dl.core.integrity.checkpoint_key``).
+        initial_epoch: The epoch the run's first attempt starts at (its
+            newest complete checkpoint's; each attempt finds its own).
     """
 
     config: TrainConfig
@@ -64,6 +66,7 @@ class WorkerSpec:
     callbacks: Callable[[], list] | None = None
     attempt: int = 1
     checkpoint_key: bytes | None = field(default=None, repr=False)
+    initial_epoch: int = 0
 
 
 def drivers_run(spec: WorkerSpec):

@@ -38,7 +38,7 @@ from dist_dl.train.config import TrainConfig
 from dist_dl.train.engines.core import (WorkerSpec, attempt_text, drivers_run, progress_text,
                                         rank0_log)
 
-__all__ = ["train", "runner", "torch_uses_gpu", "precision"]
+__all__ = ["train", "runner", "torch_uses_gpu", "precision", "process_group"]
 
 
 def runner(cfg: TrainConfig, backend: str, spark):
@@ -60,13 +60,13 @@ def torch_uses_gpu(backend: str, spark) -> bool:
     """Whether the torch engine's workers train on GPUs: on the driver where
     it has GPUs, on Spark tasks where GPU scheduling gives tasks GPUs
     (``spark.task.resource.gpu.amount``)."""
-    from dist_dl.core.sparkconf import conf_value
+    from dist_dl.core.sessionkind import session_conf
     from dist_dl.launch.core.slots import driver_gpus
     from dist_dl.launch.runners.torch_distributor import GPU_RESOURCE
 
     if backend == "local":
         return bool(driver_gpus(spark, GPU_RESOURCE))
-    return conf_value(spark.sparkContext, f"spark.task.resource.{GPU_RESOURCE}.amount") is not None
+    return session_conf(spark, f"spark.task.resource.{GPU_RESOURCE}.amount") is not None
 
 
 def precision(mixed_precision: str, device) -> tuple:
@@ -88,16 +88,28 @@ def train(spec: WorkerSpec) -> dict | None:
     Returns, on rank 0: the logged model's URI and registered version, the
     epoch the attempt started at and the number of epochs; None elsewhere.
     """
-    import torch.distributed as dist
-
     cfg = spec.config
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _device(local_rank)
+    with process_group() as device:
+        return _train(spec, cfg, rank, size, device)
+
+
+@contextlib.contextmanager
+def process_group():
+    """This worker's device, in torch.distributed's default process group
+    (NCCL on GPUs, Gloo on CPUs) from torchrun's variables; one that is
+    already initialized (`dist_dl.train.torchrun.train_torch_rank`)
+    is used, and left, as it is."""
+    import torch.distributed as dist
+
+    device = _device(int(os.environ.get("LOCAL_RANK", "0")))
+    if dist.is_initialized():
+        yield device
+        return
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             **({"device_id": device} if device.type == "cuda" else {}))
     try:
-        return _train(spec, cfg, rank, size, device)
+        yield device
     finally:
         dist.destroy_process_group()
 
