@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 
 __all__ = ["ClassicSessionRequired", "is_connect", "spark_context", "session_conf",
            "session_master", "configured_slots", "connect_barrier_problem", "session_jobs",
@@ -33,13 +34,13 @@ class ClassicSessionRequired(RuntimeError):
 
 def is_connect(spark) -> bool:
     """True where ``spark`` is a Spark Connect session (pyspark's own class)."""
-    if spark is None:
-        return False
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pyspark < 3.4, or the connect client's packages missing
-        return False
-    return isinstance(spark, ConnectSession)
+    # A Connect session exists only once its module is imported: looked up,
+    # never imported here. Importing it where the client's packages are
+    # missing ends the process on pyspark 4.2 (pyspark.sql.connect.utils's
+    # dependency check calls sys.exit when grpc is absent: Runtime 19 ML's
+    # stack without TensorFlow, which brings grpcio elsewhere).
+    module = sys.modules.get("pyspark.sql.connect.session")
+    return module is not None and isinstance(spark, module.SparkSession)
 
 
 def spark_context(spark, needs: str, use: str):
