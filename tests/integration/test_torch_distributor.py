@@ -42,6 +42,7 @@ def _workers_left(within: float = 10.0) -> list[str]:
 
 def allreduce_and_place(scale, offset=0):
     """Sum of (rank + 1) over the job, scaled; and this process's torchrun variables."""
+    import json
     import os
 
     import torch
@@ -51,10 +52,21 @@ def allreduce_and_place(scale, offset=0):
     total = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(total)
     place = {name: os.environ[name] for name in (*TORCHRUN_VARIABLES, "OMP_NUM_THREADS")}
-    places = [None] * dist.get_world_size()
-    dist.all_gather_object(places, place)
+    # Gathered through tensors this function holds until the process group is
+    # gone, not with all_gather_object: before torch 2.8 (pytorch/pytorch#154976)
+    # the group's destructor keeps the GIL while it joins Gloo's threads, and a
+    # thread that drops the last reference to a tensor made in Python needs the
+    # GIL, so destroy_process_group right after all_gather_object (whose
+    # tensors are dropped when it returns) deadlocks now and then (torch 2.6
+    # and 2.7: profiles dbr-16.4-ml and dbr-17.3-ml).
+    mine = torch.zeros(1024, dtype=torch.uint8)
+    encoded = json.dumps(place).encode()
+    mine[:len(encoded)] = torch.tensor(list(encoded), dtype=torch.uint8)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
     print(f"rank {dist.get_rank()} of {dist.get_world_size()}")
     dist.destroy_process_group()
+    places = [json.loads(bytes(t.tolist()).rstrip(b"\0")) for t in gathered]
     return total.item() * scale + offset, places
 
 
