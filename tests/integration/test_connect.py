@@ -43,7 +43,10 @@ from waits import workers_left  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 cloudpickle.register_pickle_by_value(train_hooks)
-pytestmark = pytest.mark.profile_subset_164
+# One test process runs the module's tests one after another (its client
+# session is the module's fixture, and a classic test between two of them
+# would find the process in Connect mode).
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.xdist_group("connect")]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,9 +76,17 @@ def server():
 @pytest.fixture(scope="module")
 def connect(server):
     """The client session; the process is left as it was (a Connect client
-    marks the whole process as one: pyspark's ``SPARK_CONNECT_MODE_ENABLED``)."""
+    marks the whole process as one: pyspark's ``SPARK_CONNECT_MODE_ENABLED``).
+
+    A Connect client's process holds no SparkContext (pyspark refuses to
+    start a remote session beside one: ``SESSION_ALREADY_EXIST``), so an
+    earlier test's local session in this test process is stopped first; the
+    ``spark`` fixture starts another for the tests that come after."""
     from pyspark.sql import SparkSession
 
+    classic = SparkSession.getActiveSession()
+    if classic is not None:
+        classic.stop()
     before = {k: os.environ.get(k) for k in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
     spark = SparkSession.builder.remote(f"sc://127.0.0.1:{server[1]}").getOrCreate()
     assert is_connect(spark)

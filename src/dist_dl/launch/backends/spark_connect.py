@@ -40,6 +40,7 @@ import dataclasses
 import re
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import cloudpickle
@@ -61,6 +62,10 @@ _CHUNK = 4 << 20
 # failure, and each rank's last lines (what ``failure_from`` attaches).
 _REPORTED = ("error", "exit", "timeout", "start")
 _TAIL = 40
+# How long a task whose workers failed without a signal waits before it
+# fails the stage (``_arrow_task``): Spark's time to carry a peer task's
+# failure to the driver, with room for a loaded machine.
+_DEFER_S = 5.0
 # Where a task's reports start in its error's message.
 _MARK = "dist_dl reports follow:"
 _REPORT = "dist_dl-report:"
@@ -108,6 +113,12 @@ class _TaskChannel:
     def close(self) -> None:
         sys.stderr.flush()
 
+    def killed_by_a_signal(self) -> bool:
+        """Whether one of this task's workers ended by a signal."""
+        with self._lock:
+            records = [protocol.decode_control(line) for line in self.reports]
+        return any(r["kind"] == "exit" and (r.get("code") or 0) < 0 for r in records)
+
     def failure_text(self) -> str:
         """The reports and last lines, for the task's error message."""
         with self._lock:
@@ -131,6 +142,14 @@ def _arrow_task(barrier_task: Callable, args: tuple, batches: Iterator) -> Itera
     try:
         results = list(barrier_task(args[0], channel.opened, None, *args[1:], None))
     except BaseException as exc:
+        if not channel.killed_by_a_signal():
+            # Only the first failed task's error reaches the client (Spark
+            # aborts the barrier stage and kills the other tasks). A worker
+            # killed by a signal is the likelier cause: its peers fail because
+            # it is gone (Gloo's "connection closed by peer", exit code 1),
+            # often within milliseconds. So a task whose workers failed
+            # otherwise leaves a signal's task the time to fail the stage first.
+            time.sleep(_DEFER_S)
         raise RuntimeError(f"{exc}\n{channel.failure_text()}") from None
     (place, result), = results
     rows = [(place, i, "line", line.encode()) for i, line in enumerate(channel.lines)]
