@@ -156,6 +156,11 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+    if call.excinfo is not None and call.excinfo.errisinstance(pytest.fail.Exception) \
+            and str(call.excinfo.value).startswith("Timeout"):
+        # pytest-timeout may have interrupted a py4j call half-way
+        # (tests/support/spark_reset.py): the next `spark` starts a new session.
+        _TIMED_OUT.append(item.nodeid)
     if report.failed and _CLUSTER and item.get_closest_marker("hosts") is not None:
         import host_cluster
 
@@ -200,9 +205,12 @@ def scenario(request):
         scenarios.record(s, report.passed, lines[-1] if lines else "")
 
 
-# This session's records file, once written; the cluster of separate hosts, once started.
+# This session's records file, once written; the cluster of separate hosts,
+# once started; the tests of this process that ran past their timeout since
+# the `spark` fixture last looked.
 _RECORDS: list = []
 _CLUSTER: list = []
+_TIMED_OUT: list = []
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -244,9 +252,14 @@ def hosts():
 @pytest.fixture
 def spark():
     """A `local[2]` SparkSession, started once and shared (restarted if a
-    cluster test replaced it)."""
+    cluster test replaced it, or a test of this process ran past its timeout)."""
     from dist_dl.core.session import get_spark
 
+    if _TIMED_OUT:
+        import spark_reset
+
+        spark_reset.discard_session()
+        _TIMED_OUT.clear()
     return get_spark("local[2]", replace=True)
 
 

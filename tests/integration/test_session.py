@@ -283,3 +283,38 @@ def test_the_python_worker_preparation_can_be_turned_off_by_its_environment_vari
     assert done.returncode == 0, done.stderr[-3000:]
     frozen = json.loads(done.stdout.strip().splitlines()[-1])["frozen"]
     assert (frozen > 1000) == (switch is None), frozen
+
+
+@pytest.mark.timeout(180)
+def test_a_session_whose_py4j_call_was_interrupted_is_replaced(spark):
+    """What the `spark` fixture does after a test ran past its timeout
+    (tests/support/spark_reset.py): pytest-timeout's signal interrupts a py4j
+    call half-way, and the next test gets a new session, with a JVM and
+    connections of its own."""
+    import signal
+
+    import spark_reset
+
+    from dist_dl.core.session import get_spark
+
+    jvm = spark.sparkContext._jvm
+
+    def interrupt(*_):
+        raise TimeoutError("as pytest-timeout's signal would")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Exception):  # py4j wraps what the handler raised
+            jvm.java.lang.Thread.sleep(3000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    old_jvm = spark.sparkContext._gateway.proc
+    assert spark_reset.discard_session()
+    assert old_jvm.poll() is not None
+    fresh = get_spark("local[2]")
+    assert fresh is not spark
+    assert fresh.sparkContext._jvm.java.lang.Math.addExact(40, 2) == 42
+    assert fresh.range(3).count() == 3
