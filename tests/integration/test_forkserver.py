@@ -5,6 +5,7 @@ executor's one server serves its Python workers (its own user's only) and
 ends with the executor."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -266,6 +267,9 @@ def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported
     # What the job's driver imported, where the launcher is a Spark task.
     expected = ["tensorflow", "horovod.tensorflow"] if horovod else ["tensorflow"]
     assert told == expected and after == expected
+    # torch before TensorFlow (the order of the imports matters: client._FRAMEWORKS).
+    assert forkserver.preload_for("torch", imported=["tensorflow"]) == \
+        [name for name in ("torch", "tensorflow") if importlib.util.find_spec(name)]
 
 
 @pytest.mark.timeout(120)

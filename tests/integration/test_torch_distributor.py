@@ -293,6 +293,39 @@ def test_the_local_mode_needs_no_tensorflow_and_no_spark(tmp_path):
     assert "result 6.0" in done.stdout and "loaded []" in done.stdout
 
 
+JOB_AFTER_TENSORFLOW = """
+import tensorflow  # first, as a notebook that also uses Keras does
+
+from dist_dl import TorchDistributor
+
+
+def train(scale):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # torch's TCPStore: where the import order bites
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    return total.item() * scale
+
+
+print("result", TorchDistributor(2, use_gpu=False).run(train, 3))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_driver_that_imported_tensorflow_first_runs_torch_workers(tmp_path):
+    """The fork server imports what the driver imported, torch before
+    TensorFlow: the other order breaks torch's TCPStore where TensorFlow
+    exports its copy of std::random_device (fork/client.py's _FRAMEWORKS)."""
+    pytest.importorskip("tensorflow")
+    (tmp_path / "job.py").write_text(JOB_AFTER_TENSORFLOW)
+    done = subprocess.run([sys.executable, str(tmp_path / "job.py")], capture_output=True,
+                          text=True, timeout=150, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "result 6.0" in done.stdout
+
+
 # ------------------------------------------------ pyspark's own cases, import changed
 
 

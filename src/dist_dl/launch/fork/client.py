@@ -74,7 +74,13 @@ _PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", 
                "CUDA_VISIBLE_DEVICES",
                # pytest's name of the running test
                "PYTEST_CURRENT_TEST")
-_FRAMEWORKS = {"tensorflow": "horovod.tensorflow", "torch": "horovod.torch"}
+# In the order a server imports them: torch before TensorFlow. TensorFlow's
+# libtensorflow_framework exports its own copy of libstdc++'s
+# std::random_device, which torch's binds to when TensorFlow is loaded
+# first; torch's TCPStore then fails ("random_device could not be read") or
+# crashes (SIGSEGV) in init_process_group (pytorch/pytorch#101152,
+# tensorflow/tensorflow#61741; seen with torch 2.6 and TensorFlow 2.17).
+_FRAMEWORKS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 # The framework an engine's workers always import.
 _ENGINE_FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch"}
 
