@@ -263,6 +263,19 @@ def spark():
     return get_spark("local[2]", replace=True)
 
 
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """24 synthetic images (16 x 16, 3 classes) in 6 row groups of 4, once
+    per module: one step of batch 8 on one worker reads row groups 2k and
+    2k+1; with two workers at batch 4, rank 0 reads 2k and rank 1 reads 2k+1
+    (Petastorm gives row group i to rank i % 2)."""
+    from dist_dl.prepare.synthetic import make_synthetic_images
+
+    path = str(tmp_path_factory.mktemp("synthetic") / "shards")
+    make_synthetic_images(path, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+    return path
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -38,7 +38,6 @@ import train_hooks  # noqa: E402
 from dist_dl import (JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError,  # noqa: E402
                      train_distributed)
 from dist_dl.core.sessionkind import ClassicSessionRequired, is_connect  # noqa: E402
-from dist_dl.prepare.synthetic import make_synthetic_images  # noqa: E402
 from waits import workers_left  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -197,9 +196,7 @@ def test_slots_are_checked_and_classic_only_steps_refused_before_any_work(connec
 
 @pytest.mark.timeout(420)
 def test_train_distributed_runs_on_spark_tasks_and_retries_from_its_checkpoint(
-        connect, server, tmp_path, capfd):
-    shards = str(tmp_path / "shards")
-    make_synthetic_images(shards, rows=24, image_size=16, classes=3, rows_per_row_group=4)
+        connect, server, shards, tmp_path, capfd):
     store = (tmp_path / "mlruns").as_uri()
     log = str(tmp_path / "steps.log")
     # 3 steps an epoch: rank 1 dies in the second step of epoch 2; the retry

@@ -19,7 +19,6 @@ import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dist_dl import train_distributed, train_torch_rank  # noqa: E402
-from dist_dl.prepare.synthetic import make_synthetic_images  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.profile_subset_164
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.profile_subset_164
 SETTINGS = dict(model="small_cnn", epochs=1, batch_size=4, learning_rate=0.05, augment=False,
                 shuffle=False, deterministic=True, warmup_epochs=0, lr_schedule="constant",
                 momentum=0.9, image_size=16, reader="arrow")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("synthetic") / "shards")
-    make_synthetic_images(path, rows=24, image_size=16, classes=3, rows_per_row_group=4)
-    return path
 
 
 @pytest.fixture(scope="module")

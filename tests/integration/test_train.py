@@ -40,16 +40,6 @@ EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
              lr_schedule="constant", momentum=0.9, validation_fraction=0.0, image_size=16)
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """24 synthetic images in 6 row groups of 4: one step of batch 8 on one
-    worker reads row groups 2k and 2k+1; with two workers at batch 4, rank 0
-    reads 2k and rank 1 reads 2k+1 (Petastorm gives row group i to rank i % 2)."""
-    path = str(tmp_path_factory.mktemp("synthetic") / "shards")
-    make_synthetic_images(path, rows=24, image_size=16, classes=3, rows_per_row_group=4)
-    return path
-
-
 @pytest.fixture
 def store(tmp_path):
     return (tmp_path / "mlruns").as_uri()

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 import train_hooks  # noqa: E402
 from dist_dl import TrainingFailed, train_distributed  # noqa: E402
-from dist_dl.prepare.synthetic import make_synthetic_images, write_image_shards  # noqa: E402
+from dist_dl.prepare.synthetic import write_image_shards  # noqa: E402
 from imagedata import digit_images, encode  # noqa: E402
 from no_tensorflow import env_without_tensorflow  # noqa: E402
 from without_dist_dl import predict_without_dist_dl  # noqa: E402
@@ -32,14 +32,6 @@ pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19]
 # Settings under which a run is a pure function of its inputs.
 EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
              lr_schedule="constant", momentum=0.9, image_size=16, reader="arrow")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """24 synthetic images in 6 row groups of 4 (see test_train.py's)."""
-    path = str(tmp_path_factory.mktemp("synthetic") / "shards")
-    make_synthetic_images(path, rows=24, image_size=16, classes=3, rows_per_row_group=4)
-    return path
 
 
 @pytest.fixture(scope="module")
