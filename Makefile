@@ -80,7 +80,7 @@ VENV        := .venv-$(PROFILE_NAME)
 # Runtime 19 ML has no TensorFlow and no Keras: PyTorch (the `torch` extra) is
 # the engine, and nothing here may bring TensorFlow in.
 HOROVOD     :=
-EXTRAS      := delta,samples,torch,dev
+EXTRAS      := delta,samples,torch,connect,dev
 BUILD_FIRST := pyspark torch torchvision
 NO_DEPS     :=
 CHECK       := $(call AUTO_CHECK,torch); $(NO_TF_CHECK)
@@ -92,8 +92,12 @@ VENV        := .venv-$(PROFILE_NAME)
 # They ship PyTorch: the `torch` extra (TorchDistributor, torchvision), at the
 # runtime's version (PyPI's build: CUDA on x86_64, which runs on CPUs).
 HOROVOD     :=
-EXTRAS      := delta,samples,torch,dev
-# Spark 4's Connect client (tests/integration/test_connect.py): pinned on 17.3.
+# Mosaic Streaming (the `mds` extra: tests/integration/test_mds.py), at the
+# runtime's version; on 17.3, pyspark's Spark Connect client (the `connect` extra:
+# tests/integration/test_connect.py). Not on 16.4, whose pyspark 3.5 wheel holds
+# no Connect server to test it against, nor on 18, whose protobuf 5 pyspark
+# 4.1's client does not load with (constraints/dbr-18-ml.txt).
+EXTRAS      := delta,samples,torch,mds,dev
 ifeq ($(PROFILE_NAME),dbr-17.3-ml)
 EXTRAS      := $(EXTRAS),connect
 endif

@@ -75,12 +75,14 @@ setup(
         # Mosaic Streaming: dataframe_to_mds writes the MDS datasets the torch
         # engine reads (dist_dl.read.mds reads them without it, but a
         # compressed shard needs its decompressor, which streaming brings).
-        "mds": ["mosaicml-streaming>=0.12"],
+        "mds": ["mosaicml-streaming>=0.11"],
         # pyspark's Spark Connect client (pyspark[connect]'s own requirements
         # beyond pandas, pyarrow and numpy): for SparkSession.builder.remote(...)
         # off Databricks; Databricks Connect brings its own.
         # (pyspark 3.5's lower bounds; pyspark 4.0 asks for 1.67 / 1.65).
-        "connect": ["grpcio>=1.56", "grpcio-status>=1.56", "googleapis-common-protos>=1.56.4"],
+        # zstandard: pyspark 4.1's client does not start without it.
+        "connect": ["grpcio>=1.56", "grpcio-status>=1.56", "googleapis-common-protos>=1.56.4",
+                    "zstandard>=0.25"],
         # scikit-learn's bundled datasets: the sklearn_* sources of the demo
         # pipeline, ensemble and prepare-data (dist_dl.core.optional names it).
         "samples": ["scikit-learn>=1.3"],
