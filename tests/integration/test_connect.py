@@ -5,31 +5,23 @@ own (tests/support/connect_server.py), this test process its client.
 What is checked is what a classic session guarantees: rank 0's value back,
 the workers' output, the failing rank named with its traceback, the
 timeout, the task slots checked before any stage, nothing left running,
-``train_distributed`` retried from its checkpoint; and the steps that need
-the classic SparkContext refused before any work, naming the session kind.
+``train_distributed`` retried from its checkpoint and its model's
+``transform``; the tf.distribute runners, ``train_ensemble`` and its
+``transform`` and ``prepare_image_dataset`` on the session's executors; and
+the one step that needs the classic SparkContext (``search``) refused before
+any work, naming the session kind.
 """
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed in this profile (the `torch` extra: "
-                                    "profiles dbr-16.4-ml and dbr-17.3-ml)")
-pyspark = pytest.importorskip("pyspark")
-if tuple(int(p) for p in pyspark.__version__.split(".")[:2]) < (3, 5):
-    pytest.skip("a barrier stage from a Connect session needs pyspark 3.5 "
-                "(mapInArrow(..., barrier=True)); this profile has " + pyspark.__version__,
-                allow_module_level=True)
-# pyspark's Connect client's own requirements (pyspark[connect]; the `connect`
-# extra of dist_dl): the profiles with pyspark 3.5+ pin them, so they run.
-pytest.importorskip("grpc", reason="the Spark Connect client needs grpcio (the `connect` extra)")
-pytest.importorskip("grpc_status", reason="the Spark Connect client needs grpcio-status")
+import connect_server  # noqa: E402
+
+connect_server.skip_without_a_client()
 
 import cloudpickle  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -45,31 +37,15 @@ cloudpickle.register_pickle_by_value(train_hooks)
 # One test process runs the module's tests one after another (its client
 # session is the module's fixture, and a classic test between two of them
 # would find the process in Connect mode).
-pytestmark = [pytest.mark.profile_subset_164, pytest.mark.xdist_group("connect")]
-
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19,
+              pytest.mark.xdist_group("connect")]
 
 
 @pytest.fixture(scope="module")
 def server():
     """The Connect server's process and port (ends with the module)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests/support/connect_server.py"),
-                             str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            cwd=REPO, text=True)
-    try:
-        line = proc.stdout.readline()  # "ready", or "" where it failed to start
-        assert line.strip() == "ready", f"the Connect server did not start ({proc.poll()})"
-        yield proc, port
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with connect_server.serving() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +146,7 @@ def test_a_failing_rank_is_named_and_a_timeout_stops_every_process(connect, serv
 
 
 @pytest.mark.timeout(120)
-def test_slots_are_checked_and_classic_only_steps_refused_before_any_work(connect, tmp_path):
+def test_slots_are_checked_and_the_classic_only_step_refused_before_any_work(connect, tmp_path):
     with pytest.raises(NotEnoughSlots, match=r"^TorchDistributor\(num_processes=3, local_mode="
                        r"False\) needs 3 Spark tasks .*Connect session's cluster \(local\[2\]\) "
                        r"has 2 task slot"):
@@ -179,16 +155,8 @@ def test_slots_are_checked_and_classic_only_steps_refused_before_any_work(connec
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount is unset.*use_gpu=False"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=True, spark=connect)
 
-    from dist_dl.prepare import prepare_image_dataset
     from dist_dl.search import Uniform, search
 
-    images = tmp_path / "images" / "cat"
-    images.mkdir(parents=True)
-    with pytest.raises(ClassicSessionRequired, match=r"^prepare_image_dataset .*Spark Connect "
-                       r"session.*Prepare the shards on a classic session"):
-        prepare_image_dataset(str(tmp_path / "shards"), image_dir=str(tmp_path / "images"),
-                              spark=connect)
-    assert not (tmp_path / "shards").exists()
     with pytest.raises(ClassicSessionRequired, match=r"^search\(\) .*Spark Connect session"):
         search(lambda params, reporter: 0.0, {"x": Uniform(0, 1)}, max_trials=1,
                max_concurrent=1, spark=connect, tracking_uri=(tmp_path / "mlruns").as_uri())
@@ -212,4 +180,151 @@ def test_train_distributed_runs_on_spark_tasks_and_retries_from_its_checkpoint(
     assert "SIGKILL" in run.data.tags["dist_dl.attempt_1_error"]
     out = capfd.readouterr().out
     assert "(after epoch 1)" in out and "resuming after epoch 1" in out
+    assert _workers_left(server) == []
+
+    # TrainedModel.transform scores a DataFrame of the Connect session on its
+    # executors, as the logged model predicts here.
+    import mlflow
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from dist_dl.tracking.target import mlflow_target
+
+    rows = pq.read_table(shards).to_pandas()[["image", "label"]].reset_index(drop=True)
+    rows.insert(0, "id", range(len(rows)))
+    scored = trained.transform(connect.createDataFrame(rows).repartition(2)).drop(
+        "image").toPandas().sort_values("id")
+    assert len(scored) == len(rows)  # nothing dropped
+    with mlflow_target(store):
+        expected = mlflow.pyfunc.load_model(trained.model_uri).predict(rows[["image"]])
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(),
+                                  expected["prediction"].to_numpy())
+    np.testing.assert_allclose(scored["probability"], expected["probability"], rtol=1e-5,
+                               atol=1e-6)
+
+
+forest = train_hooks.random_forest(n_estimators=10)
+
+
+@pytest.mark.timeout(420)
+def test_train_ensemble_and_its_transform_run_on_the_connect_sessions_executors(connect,
+                                                                                tmp_path):
+    import mlflow
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    from dist_dl.ensemble import train_ensemble
+
+    data = load_digits()
+    cols = [f"f{i}" for i in range(data.data.shape[1])]
+    pdf = pd.DataFrame(data.data, columns=cols)
+    pdf["label"] = data.target.astype("int64")
+    train, test = pdf.iloc[:1400].reset_index(drop=True), pdf.iloc[1400:].reset_index(drop=True)
+    ens = train_ensemble(connect.createDataFrame(train), forest, num_models=3, feature_cols=cols,
+                         label_col="label", combine="vote", output_dir=str(tmp_path / "out"),
+                         tracking_uri=(tmp_path / "mlruns").as_uri())
+    assert len(ens.member_scores) == 3 and sum(ens.member_rows) > 0.7 * len(train)
+    y = test["label"].to_numpy()
+    assert float((ens.predict(test) == y).mean()) >= 0.85
+    scored = ens.transform(connect.createDataFrame(test)).toPandas()
+    loaded = mlflow.pyfunc.load_model(ens.model_uri)
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(),
+                                  np.asarray(loaded.predict(test[cols])))
+    np.testing.assert_array_equal(scored["label"].to_numpy(), y)  # rows kept, in order
+
+
+@pytest.mark.timeout(420)
+def test_prepare_image_dataset_writes_shards_from_a_folder_and_a_dataframe(connect, tmp_path,
+                                                                           capsys):
+    from dist_dl.prepare import load_label_index, prepare_image_dataset
+    from imagedata import WNIDS, digit_images, encode, write_imagenet_tree
+
+    written = write_imagenet_tree(str(tmp_path / "train"), per_class=2, variety=False)
+    (tmp_path / "train" / WNIDS[0] / "notes.JPEG").write_bytes(b"hello")
+    with pytest.raises(ValueError, match=r"1 of 7 images.*notes\.JPEG.*on_bad_image='skip'"):
+        prepare_image_dataset(str(tmp_path / "tree"), image_dir=str(tmp_path / "train"),
+                              spark=connect)
+    summary = prepare_image_dataset(str(tmp_path / "tree"), image_dir=str(tmp_path / "train"),
+                                    on_bad_image="skip", spark=connect, progress_every=0.1)
+    assert (summary.rows_in, summary.rows_written, summary.rows_skipped) == (7, 6, 1)
+    assert "prepare-data " + str(tmp_path / "tree") + ": 7 images decoded" in capsys.readouterr().out
+    assert load_label_index(str(tmp_path / "tree")) == {w: i for i, w in enumerate(WNIDS)}
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(str(tmp_path / "tree")).to_pylist()
+    assert sorted(r["source_id"] for r in rows) == sorted(written)
+
+    # A DataFrame of the Connect session (its rows built in the client).
+    images = digit_images(5, size=16)
+    frame = connect.createDataFrame([(encode(img), int(label) % 2, f"d{i}")
+                                     for i, (img, label) in enumerate(images)],
+                                    "jpeg binary, y long, id string")
+    summary = prepare_image_dataset(str(tmp_path / "frame"), dataframe=frame, image_col="jpeg",
+                                    label_col="y", source_id_col="id", classes=2, spark=connect,
+                                    progress_every=0)
+    assert (summary.rows_in, summary.rows_written) == (5, 5)
+    rows = pq.read_table(str(tmp_path / "frame")).to_pylist()
+    assert sorted((r["source_id"], r["label"]) for r in rows) == sorted(
+        (f"d{i}", int(label) % 2) for i, (_, label) in enumerate(images))
+
+
+def keras_fit_in_a_strategy(steps: int = 4):
+    """A tf.distribute worker's Keras training, its model built in the
+    strategy's scope (seeded per worker: the strategy makes them one).
+    Returns the worker's weights."""
+    import json
+    import os
+
+    import numpy as np
+    import tensorflow as tf
+
+    from dist_dl.core import compat
+
+    keras = compat.keras()
+    tf.random.set_seed(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16 * steps, 4)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    print(f"worker {os.environ.get('RANK', '?')} trained")
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+def keras_fit_without_a_strategy():
+    """Single-worker Keras code (no strategy), as spark-tensorflow-distributor's
+    default case runs it; MirroredStrategyRunner gives it one."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile(tf.keras.optimizers.SGD(0.1),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+@pytest.mark.timeout(420)
+def test_the_tf_distribute_runners_train_one_model_on_the_connect_sessions_tasks(connect,
+                                                                                  server):
+    pytest.importorskip("tensorflow", reason="TensorFlow is not installed in this profile")
+    import numpy as np
+
+    from dist_dl import MirroredStrategyRunner, TFDistributeRunner
+
+    weights = TFDistributeRunner(np=2, spark=connect).run(keras_fit_in_a_strategy)
+    assert np.abs(weights).sum() > 0
+    assert _workers_left(server) == []
+    weights = MirroredStrategyRunner(num_slots=2, use_gpu=False, spark=connect).run(
+        keras_fit_without_a_strategy)
+    assert np.abs(weights).sum() > 0
     assert _workers_left(server) == []

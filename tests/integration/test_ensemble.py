@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import train_hooks
 from dist_dl.ensemble import PartitionMemoryError, train_ensemble
 
 
@@ -22,19 +23,7 @@ def _split(pdf, seed=0, test_fraction=0.25):
     return pdf[~test].reset_index(drop=True), pdf[test].reset_index(drop=True)
 
 
-def _forest_factory():
-    # Made inside a function so that Spark's cloudpickle ships it by value:
-    # the tests folder is not importable in the Python workers.
-    def forest(member):
-        from sklearn.ensemble import RandomForestClassifier
-
-        return RandomForestClassifier(n_estimators=25, max_depth=6, random_state=member,
-                                      n_jobs=1)
-
-    return forest
-
-
-forest = _forest_factory()
+forest = train_hooks.random_forest()
 
 
 @pytest.mark.profile_subset_164

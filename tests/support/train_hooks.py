@@ -446,6 +446,30 @@ def plain_torch_cnn(input_shape, classes):
                          nn.Linear(16, classes))
 
 
+def _small_cnn_calling(on_step, input_shape, classes):
+    """The torch engine's ``small_cnn``, calling ``on_step(step)`` before each
+    training step's forward pass (``step`` counted from 0 in this process)."""
+    import torch
+
+    from dist_dl.train.models_torch import build_torch_model
+
+    net = build_torch_model("small_cnn", input_shape, classes)
+
+    class StepHooked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.steps = 0
+
+        def forward(self, images):
+            if self.training:
+                on_step(self.steps)
+                self.steps += 1
+            return self.net(images)
+
+    return StepHooked()
+
+
 class TorchKiller:
     """Builder of the torch engine's ``small_cnn`` whose forward pass kills
     its own process with SIGKILL on rank ``kill_rank`` at training step
@@ -457,30 +481,53 @@ class TorchKiller:
         self.path, self.kill_rank, self.kill_step = path, kill_rank, kill_step
 
     def __call__(self, input_shape, classes):
-        import torch
+        return _small_cnn_calling(self.on_step, input_shape, classes)
 
-        from dist_dl.train.models_torch import build_torch_model
+    def on_step(self, step: int) -> None:
+        rank = int(os.environ["RANK"])
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {rank} {step}\n")
+        marker = self.path + ".killed"
+        if rank == self.kill_rank and step == self.kill_step and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
 
-        spec = self
-        net = build_torch_model("small_cnn", input_shape, classes)
 
-        class Killing(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = net
-                self.steps = 0
+class TorchHoldAt:
+    """Builder of the torch engine's ``small_cnn`` whose every worker waits,
+    at training step ``step`` (counted from 0 in this process), until the
+    file ``marker`` exists (at most ``seconds``), having written
+    ``<marker>.rank<N>`` to say it waits there: a test injects its fault (the
+    client killed) while the workers wait, whatever the machine's pace."""
 
-            def forward(self, images):
-                if self.training:
-                    rank = int(os.environ["RANK"])
-                    with open(spec.path, "a") as f:
-                        f.write(f"{os.getpid()} {rank} {self.steps}\n")
-                    marker = spec.path + ".killed"
-                    if (rank == spec.kill_rank and self.steps == spec.kill_step
-                            and not os.path.exists(marker)):
-                        open(marker, "w").close()
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    self.steps += 1
-                return self.net(images)
+    def __init__(self, marker: str, step: int, seconds: float = 300.0):
+        self.marker, self.step, self.seconds = marker, step, seconds
 
-        return Killing()
+    def __call__(self, input_shape, classes):
+        return _small_cnn_calling(self.on_step, input_shape, classes)
+
+    def on_step(self, step: int) -> None:
+        import time
+
+        if step != self.step or os.path.exists(self.marker):
+            return
+        open(f"{self.marker}.rank{os.environ['RANK']}", "w").close()
+        deadline = time.monotonic() + self.seconds
+        while not os.path.exists(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def random_forest(n_estimators: int = 25, max_depth: int = 6):
+    """An ensemble's member factory: ``member -> RandomForestClassifier``
+    seeded by the member's index. A closure, so that any pickler ships it by
+    value (pyspark's own cloudpickle, on a Connect session, knows nothing of
+    this module's registration, and the tests folder is not importable in
+    Spark's Python workers)."""
+
+    def forest(member):
+        from sklearn.ensemble import RandomForestClassifier
+
+        return RandomForestClassifier(n_estimators=n_estimators, max_depth=max_depth,
+                                      random_state=member, n_jobs=1)
+
+    return forest

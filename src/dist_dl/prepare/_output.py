@@ -99,6 +99,17 @@ def commit_delta(path: str, rel_files: list[str], mode: str) -> int:
 
 def spark_has_delta(spark) -> bool:
     """Whether Spark itself can write Delta (true on Databricks)."""
+    from dist_dl.core.sessionkind import is_connect, session_conf
+
+    if is_connect(spark):
+        # No JVM in the client: the server's configuration says (Delta's
+        # session extension, or a Databricks runtime, which has Delta built in).
+        try:
+            extensions = session_conf(spark, "spark.sql.extensions", "") or ""
+            databricks = session_conf(spark, "spark.databricks.clusterUsageTags.sparkVersion")
+        except Exception:  # a setting the server will not show
+            return False
+        return "DeltaSparkSessionExtension" in extensions or bool(databricks)
     try:
         spark._jvm.java.lang.Class.forName("org.apache.spark.sql.delta.DeltaLog")
         return True

@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from dist_dl.core.locations import file_path, file_url, local_path, spark_path
 from dist_dl.core.progress import SparkProgress
-from dist_dl.core.sessionkind import spark_context
+from dist_dl.core.sessionkind import default_parallelism, is_connect, session_jobs
 from dist_dl.core.pyworker import prepare_python_worker
-from dist_dl.core.session import job_group
 from dist_dl.core.storage import check_shared
 from dist_dl.prepare._output import (check_destination, clear_parquet_output, commit_delta,
                                      is_delta_table, spark_has_delta, write_json)
@@ -131,7 +130,9 @@ def prepare_image_dataset(
             (or a local one).
         progress_every: Seconds between progress lines on stdout (tasks,
             images decoded and images/s, time left; ``dist_dl.core.progress``),
-            and a last line when done. ``None`` or 0: none.
+            and a last line when done (on a Spark Connect session, whose
+            client cannot follow the tasks, only the last line). ``None`` or
+            0: none.
 
     Returns:
         The `PrepareSummary`, also written to ``<output>/_summary.json``.
@@ -159,18 +160,14 @@ def prepare_image_dataset(
     out_path = local_path(output, "output")
     check_destination(out_path, format, mode)
     spark = spark or (dataframe.sparkSession if dataframe is not None else get_spark())
-    sc = spark_context(spark, "prepare_image_dataset (it counts decoded images in an "
-                       "accumulator, and lists files into an RDD)",
-                       "Prepare the shards on a classic session (a dedicated cluster, or the "
-                       "prepare-data job); train_distributed reads them by location from any "
-                       "session.")
+    connect = is_connect(spark)
     # Executors read the image files and write the shards.
     check_shared(spark, {"output": output}, {"image_dir": image_dir, "labels_file": labels_file},
                  "prepare_image_dataset")
 
     if image_dir is not None:
         rows = _list_images(image_dir, labels_file)
-        src = _listing_frame(spark, sc, rows)
+        src = _listing_frame(spark, rows)
         string_labels = True
         # The listing is on the driver already: no Spark job to count it.
         known = (len(rows), {label for _, _, label in rows})
@@ -180,9 +177,11 @@ def prepare_image_dataset(
 
     group = f"dist_dl-prepare-{uuid.uuid4().hex[:8]}"
     processed = None
-    decoded = sc.accumulator(0)
+    # Progress counts decoded images in an accumulator; a Connect session has
+    # none (no SparkContext), so there only the last line is printed.
+    decoded = None if connect else spark.sparkContext.accumulator(0)
     try:
-        with job_group(sc, group, f"dist_dl: prepare image shards into {output}"):
+        with session_jobs(spark, group, f"dist_dl: prepare image shards into {output}"):
             rows_in = known[0] if known else src.count()
             if rows_in == 0:
                 raise ValueError("the input has no rows (empty DataFrame or no image files found): "
@@ -197,8 +196,7 @@ def prepare_image_dataset(
                                         schema=_processed_ddl()).persist()
             # Decoding every image (the long part) happens in the first job on
             # `processed`; writing reads the cached result.
-            with SparkProgress(sc, group, label=f"prepare-data {output}", counter=decoded,
-                               total=rows_in, every=progress_every):
+            with _progress(spark, group, output, decoded, rows_in, progress_every):
                 by_reason, examples = _bad_rows(processed)
             skipped = sum(by_reason.values())
             if skipped and on_bad_image == "fail":
@@ -307,7 +305,31 @@ def _read_labels_file(path: str) -> dict[str, str]:
     return labels
 
 
-def _listing_frame(spark, sc, rows):
+def _progress(spark, group, output, decoded, rows_in, every):
+    """Progress lines while the images are decoded: `SparkProgress` on a
+    classic session; on a Connect session, whose client cannot follow the
+    jobs' tasks, one line when done (the Spark UI shows the stage)."""
+    import contextlib
+    import time
+
+    if decoded is not None:
+        return SparkProgress(spark.sparkContext, group, label=f"prepare-data {output}",
+                             counter=decoded, total=rows_in, every=every)
+
+    @contextlib.contextmanager
+    def done_line():
+        start = time.perf_counter()
+        yield
+        if every:
+            took = time.perf_counter() - start
+            print(f"prepare-data {output}: {rows_in} images decoded in {took:.0f} s "
+                  f"({rows_in / max(took, 1e-9):.0f} images/s; a Spark Connect session: no "
+                  f"progress lines while it runs)", flush=True)
+
+    return done_line()
+
+
+def _listing_frame(spark, rows):
     from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     schema = StructType([StructField("_source_id", StringType()),
@@ -316,9 +338,11 @@ def _listing_frame(spark, sc, rows):
                          StructField("_label_name", StringType()),
                          StructField("_label", LongType())])
     # Small partitions: each task reads and re-encodes its files.
-    slices = max(sc.defaultParallelism, math.ceil(len(rows) / 500))
+    slices = max(default_parallelism(spark), math.ceil(len(rows) / 500))
     data = [(sid, path, None, label, None) for sid, path, label in rows]
-    return spark.createDataFrame(sc.parallelize(data, slices), schema)
+    if is_connect(spark):  # no RDDs: the client sends the listing as a local relation
+        return spark.createDataFrame(data, schema).repartition(slices)
+    return spark.createDataFrame(spark.sparkContext.parallelize(data, slices), schema)
 
 
 def _frame_source(df, image_col, label_col, source_id_col):
