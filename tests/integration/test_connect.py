@@ -328,3 +328,37 @@ def test_the_tf_distribute_runners_train_one_model_on_the_connect_sessions_tasks
         keras_fit_without_a_strategy)
     assert np.abs(weights).sum() > 0
     assert _workers_left(server) == []
+
+
+@pytest.mark.timeout(600)
+def test_the_readmes_pipeline_from_a_connect_dataframe(connect, server, tmp_path):
+    """The README's examples (images read with binaryFile, train_distributed
+    on the DataFrame, TrainedModel.transform, score_dataframe), on the torch
+    engine, from a Connect session's DataFrame: written once as shards by the
+    session's executors, trained on, scored there."""
+    from pyspark.sql import functions as F
+
+    from dist_dl.prepare import write_digits_tree
+    from dist_dl.score import score_dataframe
+    from dist_dl.tracking.target import mlflow_target
+
+    train_dir, _ = write_digits_tree(str(tmp_path / "digits"), image_size=16)
+    images = (connect.read.format("binaryFile").option("recursiveFileLookup", "true")
+              .load(train_dir)
+              .withColumn("digit", F.regexp_extract("path", r"/(\d)/[^/]+$", 1)))
+    rows = images.count()
+    trained = train_distributed(images, image_col="content", label_col="digit", engine="torch",
+                                model="small_cnn", image_size=16, num_workers=2, epochs=1,
+                                batch_size=32, spark=connect, output_dir=str(tmp_path / "out"),
+                                tracking_uri=(tmp_path / "mlruns").as_uri())
+    assert len(trained.history["loss"]) == 1
+    run = MlflowClient(trained.tracking_uri).get_run(trained.run_id)
+    # Every row went to training or validation, once.
+    assert int(run.data.params["data_rows"]) + int(run.data.params["validation_rows"]) == rows
+    scored = trained.transform(images).select("path", "digit", "prediction", "probability")
+    assert scored.count() == rows and scored.filter("prediction IS NULL").count() == 0
+    with mlflow_target(trained.tracking_uri):
+        counts = score_dataframe(images, trained.model_uri, image_col="content").groupBy(
+            "prediction").count().collect()
+    assert sum(r["count"] for r in counts) == rows
+    assert _workers_left(server) == []

@@ -34,8 +34,10 @@ __all__ = ["materialise_dataframe", "fingerprint_dataframes"]
 # Marks a complete set of shards (written last, atomically).
 _DONE = "_dist_dl_materialised.json"
 # Leaves of a plan that hold data in memory: nothing identifies their rows
-# across calls, so such DataFrames are written afresh each time.
-_IN_MEMORY = ("LogicalRDD", "LocalRelation", "ExternalRDD")
+# across calls, so such DataFrames are written afresh each time. The first
+# three name them in a classic session's plan, the last in a Connect one's
+# (``local_relation``, ``cached_local_relation``).
+_IN_MEMORY = ("LogicalRDD", "LocalRelation", "ExternalRDD", "local_relation {")
 # Above this many input files, names identify them (a new table version has
 # new file names); statting each one on the driver would take minutes.
 _STAT_LIMIT = 10_000
@@ -54,7 +56,7 @@ def fingerprint_dataframes(df, validation, settings: tuple) -> str | None:
         if frame is None:
             parts.append(None)
             continue
-        plan = frame._jdf.queryExecution().analyzed().canonicalized().toString()
+        plan = _canonical_plan(frame)
         files = sorted(frame.inputFiles())
         if not files or any(leaf in plan for leaf in _IN_MEMORY):
             return None
@@ -62,6 +64,31 @@ def fingerprint_dataframes(df, validation, settings: tuple) -> str | None:
             files = [_file_identity(path) for path in files]
         parts.append((plan, frame.schema.json(), files))
     return hashlib.sha1(repr((parts, settings)).encode()).hexdigest()[:16]
+
+
+def _canonical_plan(frame) -> str:
+    """The frame's plan as text that the same query over the same data gives
+    again: on a classic session, Spark's canonicalized analyzed plan; on a
+    Spark Connect session (no JVM in the client), the client's unresolved
+    plan with each node's ``common`` part cleared (its id within the session
+    and the Python line that made it)."""
+    from dist_dl.core.sessionkind import is_connect
+
+    if not is_connect(frame.sparkSession):
+        return frame._jdf.queryExecution().analyzed().canonicalized().toString()
+    from google.protobuf.message import Message
+
+    def clear(message):
+        for field, value in message.ListFields():
+            if field.name == "common":
+                message.ClearField(field.name)
+            elif field.message_type is not None:
+                for item in value if field.label == field.LABEL_REPEATED else (value,):
+                    if isinstance(item, Message):
+                        clear(item)
+        return message
+
+    return str(clear(frame._plan.to_proto(frame.sparkSession.client)))
 
 
 def _file_identity(path: str) -> tuple:
