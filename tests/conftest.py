@@ -63,6 +63,8 @@ def pytest_configure(config):
 # tf.distribute and reads with pyarrow; 19 ML ships no TensorFlow (dbr-19-ml). The cases of tests
 # parametrized by `engine` or `reader` get the marker from their parameter.
 NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
+                  ("engine", "tensorflow"): "tensorflow",
+                  ("engine", "keras3"): "tensorflow",
                   ("reader", "petastorm"): "petastorm"}
 
 

@@ -105,6 +105,7 @@ print(json.dumps({"workers": everyone, "driver": spark.sparkContext.getConf().ge
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_horovod_runner_between_worker_hosts(hosts):
     """HorovodRunner(np=2): one worker on each worker host, Gloo over eth0,
     the rendezvous at the driver's own address. PYTHONHASHSEED=0 makes
@@ -160,6 +161,7 @@ def test_torch_distributor_between_worker_hosts(hosts):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_nics_setting_overrides_the_interface(hosts):
     """spark.dist_dl.nics names the interface; a name no host has fails
     with Horovod's error, on the driver, within the start timeout."""
@@ -229,6 +231,7 @@ print(json.dumps({"val_accuracy": trained.metrics["val_accuracy"], "scored": len
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.needs("tensorflow")
 def test_delta_source_and_resume_after_a_killed_worker(hosts):
     """Delta shards written by the executors; a worker on another host is
     killed mid-epoch 2 (SIGKILL): the retry resumes from the checkpoint of
@@ -339,6 +342,7 @@ print(json.dumps({"error": error, "seconds": time.time() - start}))
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_a_host_name_resolving_to_loopback_is_named_not_an_abort(hosts):
     """Worker hosts whose own name resolves to 127.0.1.1 (Debian's default
     /etc/hosts): Horovod 0.28.1's Gloo would bind its process sets there and

@@ -15,6 +15,7 @@ from dist_dl.app.config import BenchConfig
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # 12 minutes measured at load average 12
+@pytest.mark.needs("tensorflow")
 def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     """One tiny round of every setup, the peer (Horovod's recipe through
     horovod.spark.run), the reader alone and the tf.distribute engine with
@@ -81,6 +82,7 @@ def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_reader_benchmark_runs_tiny_and_writes_its_keys(tmp_path):
     # Nothing about speed: the script runs to the end and writes reader_ratio
     # (the reader "auto" picks) and one key per reader it timed.

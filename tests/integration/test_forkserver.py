@@ -249,6 +249,7 @@ def test_an_executors_server_serves_its_python_workers_and_ends_with_the_executo
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.needs("tensorflow")
 def test_the_server_imports_the_engines_framework_and_what_the_launcher_imported():
     program = ("import json, importlib.util, sys\n"
                "from dist_dl.launch.fork.client import preload_for\n"

@@ -128,6 +128,7 @@ def test_a_member_swapped_in_the_logged_model_is_refused(spark, tmp_path, scenar
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.needs("tensorflow")
 def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_signed_one(
         tmp_path, monkeypatch, scenario):
     """End to end: a run's checkpoints are signed with the driver's key; a
@@ -185,6 +186,7 @@ def test_train_distributed_refuses_a_rewritten_checkpoint_and_resumes_from_a_sig
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.needs("tensorflow")
 def test_a_repaired_run_on_a_new_driver_resumes_with_the_key_from_the_environment(
         tmp_path, monkeypatch):
     """A repaired job run, or a retried task, starts on a new job cluster: a

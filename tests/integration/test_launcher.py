@@ -135,6 +135,7 @@ def _assert_gone_within(pids, seconds=10.0):
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(120)
+@pytest.mark.needs("tensorflow")
 def test_tf_keras_fit_keeps_weights_identical_on_all_ranks():
     rows = TFDistributeRunner(np=-2).run(workers.tf_fit_steps, steps=2)
     assert len(rows) == 2
@@ -157,6 +158,7 @@ def _docs_example(page: str, heading: str) -> dict:
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(150)
+@pytest.mark.needs("tensorflow")
 def test_docs_tf_distribute_example(capsys):
     train = _docs_example("guides/runners.md", "## TFDistributeRunner")["train"]
     history = TFDistributeRunner(np=-2).run(train, epochs=3)
@@ -349,6 +351,7 @@ def test_engine_choice():
 
 
 @pytest.mark.profile_subset_164
+@pytest.mark.needs("tensorflow")
 def test_horovod_missing_is_named_with_the_way_out(monkeypatch):
     """Where Horovod is not installed (Databricks Runtime 16.0 ML and later),
     a Horovod job says so and names TFDistributeRunner before any worker starts."""
@@ -479,6 +482,7 @@ class HorovodRunner:
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(60)
+@pytest.mark.needs("tensorflow")
 def test_databricks_backend_delegates_to_sparkdl(tmp_path, monkeypatch, capsys):
     pkg = tmp_path / "sparkdl"
     pkg.mkdir()

@@ -8,6 +8,7 @@ import pytest
 pytestmark = [pytest.mark.timeout(120), pytest.mark.profile_subset_164]  # the last test imports TensorFlow
 
 
+@pytest.mark.needs("tensorflow")
 def test_the_library_schedule_is_defined_on_first_use():
     from dist_dl.train.schedule import WarmupScaledSchedule
 

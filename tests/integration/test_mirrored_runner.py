@@ -20,6 +20,7 @@ from shipped import ship_module
 
 # Functions defined here reach the workers by value: a Spark task cannot import tests.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.needs("tensorflow")
 
 
 def plain_keras_fit(steps: int = 4):

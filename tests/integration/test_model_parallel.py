@@ -16,7 +16,7 @@ import pytest
 
 from dist_dl.core import compat
 
-pytestmark = [pytest.mark.profile_subset_164]
+pytestmark = [pytest.mark.needs("tensorflow"), pytest.mark.profile_subset_164]
 
 _CHECK = r'''
 import json

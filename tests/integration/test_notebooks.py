@@ -24,6 +24,12 @@ SLOW_NOTEBOOKS = {"04_train_distributed_dataframe", "05_ensembles_and_search", "
 HOROVOD_NOTEBOOKS = {"03_horovod_runner", "06_benchmark"}
 
 
+# The single-node baseline (a Keras model in one process) and the search
+# (each trial trains a Keras model) need TensorFlow: skipped, saying so, where
+# it does not import (runtime 19).
+TENSORFLOW_NOTEBOOKS = {"02_single_node_baseline", "05_ensembles_and_search"}
+
+
 # TorchDistributor's notebook needs torch: run on the profiles that install it
 # (dbr-16.4-ml, dbr-17.3-ml), skipped, saying so, elsewhere.
 TORCH_NOTEBOOKS = {"08_torch_distributor"}
@@ -42,6 +48,7 @@ CHECKS = {
 def _marks(path) -> list:
     return ([pytest.mark.slow] if path.stem in SLOW_NOTEBOOKS else []) + \
         ([pytest.mark.needs("horovod.tensorflow")] if path.stem in HOROVOD_NOTEBOOKS else []) + \
+        ([pytest.mark.needs("tensorflow")] if path.stem in TENSORFLOW_NOTEBOOKS else []) + \
         ([pytest.mark.needs("torch"), pytest.mark.profile_subset_164]
          if path.stem in TORCH_NOTEBOOKS else [])
 

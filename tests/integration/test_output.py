@@ -60,6 +60,7 @@ def test_the_embedded_session_starts_quietly_and_keeps_warnings(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_scoring_from_the_command_line_shows_no_tensorflow_or_mlflow_noise(spark, tmp_path):
     import mlflow
     import yaml

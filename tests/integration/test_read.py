@@ -52,6 +52,7 @@ def tree_shards(tmp_path_factory):
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("training", [True, False])
+@pytest.mark.needs("tensorflow")
 def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, training, reader):
     url, written = tree_shards
     index = load_label_index(url)
@@ -68,6 +69,7 @@ def test_round_trip_every_image_once_per_epoch_with_its_label(tree_shards, train
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_evaluation_order_is_repeatable(tree_shards, reader):
     url, _ = tree_shards
     # make_dataset's contract: the arrow reader keeps the plan's order with any
@@ -83,6 +85,7 @@ def test_evaluation_order_is_repeatable(tree_shards, reader):
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_uint8_pixels_through_the_models_first_layer_are_the_normalised_images(tree_shards):
     """normalize=False ends the CPU's work at uint8 pixels; the classifier the
     engines build (pixel_normalization, then the network) gives on them what
@@ -110,6 +113,7 @@ def test_uint8_pixels_through_the_models_first_layer_are_the_normalised_images(t
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_input_waits_are_the_consumers_waits_for_each_batch(tree_shards):
     """The pipeline's timed end records one wait per batch taken, in the
     thread that takes it: about the producer's time per batch when the
@@ -166,6 +170,7 @@ def test_shards_open_with_plain_spark_and_petastorm(spark, tree_shards):
 
 
 @pytest.mark.profile_subset_164
+@pytest.mark.needs("tensorflow")
 def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path, reader):
     from deltalake import DeltaTable
 
@@ -191,6 +196,7 @@ def test_delta_table_opens_with_deltalake_and_reads_at_an_older_version(tmp_path
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_delta_through_spark_reads_back(spark, tmp_path, reader):
     from deltalake import DeltaTable
 
@@ -218,6 +224,7 @@ def _handmade(path, sizes):
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path, reader):
     url = _handmade(tmp_path / "uneven", [10, 3, 0])
     plan = plan_shards(url, 2, 4)
@@ -236,6 +243,7 @@ def test_uneven_shards_and_an_empty_file_give_equal_batch_counts(tmp_path, reade
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_cache_serves_later_epochs_from_local_disk(tmp_path, reader):
     url = str(tmp_path / "syn")
     make_synthetic_images(url, rows=6, image_size=16, classes=2, rows_per_row_group=3)
@@ -252,6 +260,7 @@ def test_cache_serves_later_epochs_from_local_disk(tmp_path, reader):
 
 
 @pytest.mark.profile_subset_164
+@pytest.mark.needs("tensorflow")
 def test_driver_side_errors_name_the_problem_and_the_fix(tmp_path):
     url = str(tmp_path / "syn")
     make_synthetic_images(url, rows=6, image_size=16, classes=3, rows_per_row_group=3)
@@ -327,6 +336,7 @@ def test_arrow_row_group_order_is_seeded_per_epoch(tree_shards):
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(120)
+@pytest.mark.needs("tensorflow")
 def test_a_resumed_arrow_reader_continues_the_row_group_orders(tree_shards):
     # A run resumed after epoch 1 reads epoch 2 in the order an uninterrupted
     # run would (the shuffle buffer of 1 row keeps the row-group order visible).
@@ -443,6 +453,7 @@ print("GENERATED", sorted(p.name for p in pathlib.Path(tempfile.gettempdir())
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_the_library_s_graph_code_is_traced_without_an_autograph_rewrite(tmp_path):
     """The reader's map functions, the exact validation's step and the
     served model's decoder are graph code already: AutoGraph does not rewrite

@@ -15,7 +15,7 @@ from dist_dl.core import compat
 from dist_dl.score import score_dataframe
 from dist_dl.tracking import ImagePreprocessing, log_keras_classifier
 
-pytestmark = [pytest.mark.profile_subset_164]
+pytestmark = [pytest.mark.needs("tensorflow"), pytest.mark.profile_subset_164]
 
 SPEC = ImagePreprocessing(image_size=16, channels=3, mean=0.5, std=0.25)
 

@@ -46,6 +46,7 @@ def _files_containing(root: Path, needle: bytes) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.needs("tensorflow")
 def test_a_canary_secret_reaches_the_workers_and_no_output(spark, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
@@ -93,6 +94,7 @@ def _run_files_with(root: Path, needles) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.needs("tensorflow")
 def test_a_secret_in_a_worker_error_reaches_no_tag_artifact_or_file(spark, tmp_path, monkeypatch,
                                                                    scenario):
     """A worker fails with a message that quotes its credential (as a storage

@@ -124,6 +124,7 @@ def test_keras3_workers_agree_to_skip_a_step_whose_gradients_overflow_on_one(eng
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.needs("tensorflow")
 def test_a_model_faster_than_its_input_is_told_so_once_with_the_levers(tmp_path, store, capsys):
     """A model whose step costs next to nothing on 224-pixel crops of
     1024-pixel JPEGs: its worker waits for every batch, the epochs log that
@@ -392,6 +393,7 @@ def test_cpu_workers_of_a_large_model_get_the_long_cycle_time(shards, store, tmp
 
 @pytest.mark.profile_subset_164
 @pytest.mark.timeout(180)
+@pytest.mark.needs("tensorflow")
 def test_bad_input_fails_on_the_driver_before_any_worker_or_run(spark, shards, store, tmp_path):
     def runs():
         return len(MlflowClient(store).search_runs(

@@ -219,6 +219,7 @@ def _timely_and_nothing_left(s, out: dict, what: str, limit: float) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
 @pytest.mark.parametrize("where", WHERE)
+@pytest.mark.needs("tensorflow")
 def test_a_failing_stopped_or_slow_worker_is_named_or_timed_out_or_no_alarm(
         request, scenario, where):
     slow = scenario(f"F4b {where}", "slow worker",
@@ -292,6 +293,7 @@ for _ in sys.stdin:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
         tmp_path, scenario):
     import random
@@ -345,6 +347,7 @@ def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.needs("tensorflow")
 def test_a_worker_killed_at_five_points_three_times_each_loses_no_completed_epoch(
         tmp_path, scenario):
     import cloudpickle
@@ -532,6 +535,7 @@ print(json.dumps({"small": small, "large": large,
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.needs("tensorflow")
 def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(request, scenario):
     s = scenario("F10b local", "scoring a million rows",
                  "score_dataframe(on_error='null') of 1,000,000 rows of encoded digits made "
@@ -572,6 +576,7 @@ def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(requ
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
+@pytest.mark.needs("tensorflow")
 def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario):
     where = "hosts"
     # One driver program: the cancel, then Ctrl-C (a notebook's cells on one
@@ -848,6 +853,7 @@ print(json.dumps({"slots": slots, "rows": frame.count(), "hung": hung, "results"
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
+@pytest.mark.needs("tensorflow")
 def test_two_trainings_and_an_ensemble_at_once_each_wait_then_run(request, scenario):
     s = scenario("F9 hosts", "load: two trainings and an ensemble at once",
                  "from three threads of one driver program on the cluster (2 task slots), "
@@ -996,6 +1002,7 @@ print(json.dumps({"error": error, "failed_at": stamped.failed_at, "slots": stamp
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
+@pytest.mark.needs("tensorflow")
 def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finishes(
         request, scenario):
     import glob
@@ -1083,6 +1090,7 @@ print(json.dumps({"status": run.info.status, "tags": {k: v for k, v in run.data.
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
+@pytest.mark.needs("tensorflow")
 def test_a_killed_driver_started_again_resumes_and_leaves_no_worker(request, scenario):
     import glob
 
@@ -1172,6 +1180,7 @@ print(json.dumps({"error": error[:3000] if error else None, "failed_at": time.ti
 
 @pytest.mark.timeout(600)
 @pytest.mark.hosts
+@pytest.mark.needs("tensorflow")
 def test_a_worker_host_cut_off_the_network_ends_a_horovod_runner_job_not_hangs_it(
         request, scenario):
     cluster = request.getfixturevalue("hosts")
