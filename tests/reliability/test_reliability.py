@@ -576,7 +576,6 @@ def test_a_million_rows_score_in_bounded_memory_and_a_corrupt_image_is_null(requ
 
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
-@pytest.mark.needs("tensorflow")
 def test_ctrl_c_or_a_cancel_on_the_driver_ends_every_worker(request, scenario):
     where = "hosts"
     # One driver program: the cancel, then Ctrl-C (a notebook's cells on one

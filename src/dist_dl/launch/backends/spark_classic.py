@@ -40,7 +40,7 @@ from dist_dl.launch.backends.processes import WorkerProcesses
 from dist_dl.launch.core import protocol
 from dist_dl.launch.core.channel import DriverChannel, OutputServer
 from dist_dl.launch.core.deadline import Backstop, stage_refusal
-from dist_dl.launch.core.errors import failure_from
+from dist_dl.launch.core.errors import JobCancelled, cancelled_from_outside, failure_from
 from dist_dl.launch.core.protocol import DriverSink
 from dist_dl.launch.core.rendezvous import Engine, first_rank, pick_ports, runner_label, with_gpus
 from dist_dl.launch.core.slots import check_slots
@@ -121,6 +121,13 @@ class BarrierSparkBackend:
                                     self.grace, "its Spark tasks were cancelled")
             if refused is not None:
                 raise refused from exc
+            # Cancelled by somebody else (a notebook's cancel, cancelAllJobs,
+            # the Spark UI): no worker reported a failure, which would have
+            # made the runner cancel the job itself.
+            reason = None if server.first_failed is not None else cancelled_from_outside(str(exc))
+            if reason is not None:
+                raise JobCancelled(f"{label}: its Spark job was cancelled from outside ({reason}); "
+                                   "its workers were stopped") from exc
             raise failure_from(sink, server.first_failed, options.timeout, label) from exc
         finally:
             server.close()

@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # annotations only: the sink is handed in by the backends
     from dist_dl.launch.core.protocol import DriverSink
 
 __all__ = ["WorkerError", "JobTimeout", "JobCancelled", "NotEnoughSlots", "failure_from",
+           "cancelled_from_outside",
            "runner_prefix"]
 
 
@@ -60,6 +61,19 @@ class JobCancelled(RuntimeError):
 
 class NotEnoughSlots(RuntimeError):
     """The cluster cannot run ``np`` Spark tasks at once."""
+
+
+_CANCELLED = re.compile(r"\bcancell?ed\b", re.I)
+
+
+def cancelled_from_outside(error: str) -> str | None:
+    """Spark's reason (the first line of its own message) where a failed Spark
+    job's ``error`` says the job was cancelled, else None. The caller knows
+    whether the runner itself cancelled it (a timeout, a worker's failure)."""
+    if not _CANCELLED.search(error):
+        return None
+    match = re.search(r"SparkException: ([^\n]+)", error)
+    return (match.group(1) if match else error.strip().splitlines()[-1])[:300]
 
 
 # Errors that survivors raise because a peer died: not the cause. Horovod and

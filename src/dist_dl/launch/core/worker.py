@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import sys
 import threading
@@ -352,7 +353,7 @@ def main(argv: list[str]) -> int:
     import cloudpickle
 
     payload_path, result_path = argv
-    _watch_parent()
+    _watch_parent(os.path.dirname(os.path.abspath(payload_path)))
     take_launcher_imports()
     with open(payload_path, "rb") as f:
         options, fn, kwargs = cloudpickle.load(f)
@@ -417,17 +418,22 @@ def restore_task_context(path: str) -> None:
     TaskContext._taskContext = ctx
 
 
-def _watch_parent(every: float = 0.5) -> None:
+def _watch_parent(workdir: str, every: float = 0.5) -> None:
     """End this worker, and what it started, when the process that started it
     is gone: a Spark task killed on cancellation (PySpark's daemon kills the
     Python worker with SIGKILL) or a driver killed outright cannot stop its
-    workers itself, and they run in process groups of their own."""
+    workers itself, and they run in process groups of their own. The job's
+    folder of that process (``workdir``: the payload's, a
+    ``tempfile.mkdtemp`` of the launcher's), which it can no longer remove,
+    goes too: nobody reads the result any more."""
     parent = os.getppid()
 
     def watch():
         while os.getppid() == parent:
             time.sleep(every)
         termination.end_children(grace=1.0)
+        if os.path.basename(workdir).startswith("dist_dl-"):
+            shutil.rmtree(workdir, ignore_errors=True)
         os._exit(TIMEOUT_EXIT_CODE + 1)
 
     threading.Thread(target=watch, daemon=True, name="dist_dl-parent-watch").start()

@@ -186,6 +186,9 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
         clients[sock] = set()
         _send(sock, "ready", os.getpid(), failed)
     client_of: dict[int, socket.socket] = {}  # worker pid -> its client
+    # Worker pid -> the job folder its launcher made (its payload's): the
+    # launcher of a gone client can no longer remove it.
+    folder_of: dict[int, str] = {}
     # The one launcher gone, the server goes; one of many, the others stay.
     reply = _tell if shared else _send
     doomed: dict[int, float] = {}  # a gone client's worker -> when it gets SIGKILL
@@ -199,7 +202,9 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                 if not pid:
                     break
                 last = now
-                doomed.pop(pid, None)
+                if doomed.pop(pid, None) is not None:
+                    _remove_job_folder(folder_of.get(pid))
+                folder_of.pop(pid, None)
                 client = client_of.pop(pid, None)
                 if client in clients:
                     clients[client].discard(pid)
@@ -250,6 +255,7 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                         _run_worker([*clients, *own], request, *fds)
                     clients[client].add(pid)
                     client_of[pid] = client
+                    folder_of[pid] = _job_folder(request)
                     reply(client, "started", pid)
                 finally:
                     for received in fds:
@@ -260,6 +266,21 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
         return  # the launcher is gone
     finally:
         _end_all(set(client_of) | set(doomed))
+
+
+def _job_folder(request: dict) -> str | None:
+    """The folder a launcher made for a worker's job (its payload's:
+    ``tempfile.mkdtemp(prefix="dist_dl-...")``), or None."""
+    args = request.get("args") or []
+    folder = os.path.dirname(os.path.abspath(args[0])) if args else ""
+    return folder if os.path.basename(folder).startswith("dist_dl-") else None
+
+
+def _remove_job_folder(folder: str | None) -> None:
+    if folder is not None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -20,7 +20,8 @@ from dist_dl.core.sparkconf import conf_value
 from dist_dl.core.stall import SparkStalled, StallWatch
 from dist_dl.launch.fork import client as forkserver
 from dist_dl.launch.core.network import interface_holding, is_loopback, resolve
-from dist_dl.launch.core.errors import JobCancelled, JobTimeout, failure_from, runner_prefix
+from dist_dl.launch.core.errors import (JobCancelled, JobTimeout, cancelled_from_outside,
+                                        failure_from, runner_prefix)
 from dist_dl.launch.core.protocol import DriverSink
 from dist_dl.launch.core.slots import check_slots, wait_for_free_slots
 from dist_dl.launch.core.worker import WorkerOptions, launcher_path_env, run_worker
@@ -37,7 +38,6 @@ _RUN_LOCK = threading.Lock()
 # job itself), recorded by _record_spark_failures; one job at a time (_RUN_LOCK).
 _SPARK_FAILURE: list[tuple[BaseException, bool]] = []
 _LAUNCH_FAILED = threading.Event()
-_CANCELLED = re.compile(r"\bcancell?ed\b", re.I)
 
 
 def cluster_nics(spark) -> set[str] | None:
@@ -160,9 +160,8 @@ class SparkBackend:
                         + stall.describe()) from exc
                 spark_failure, after_launch = (_SPARK_FAILURE[0] if _SPARK_FAILURE
                                                else (None, True))
-                if (not expired.is_set() and not after_launch
-                        and _CANCELLED.search(str(spark_failure))):
-                    reason = _spark_reason(spark_failure)
+                reason = cancelled_from_outside(str(spark_failure))
+                if not expired.is_set() and not after_launch and reason is not None:
                     raise JobCancelled(
                         f"the Spark job of HorovodRunner(np={num_proc}) was cancelled from "
                         f"outside ({reason}); its workers were stopped") from exc
@@ -181,13 +180,6 @@ class SparkBackend:
         sink.close()
         signals.deliver()
         return results[0]
-
-
-def _spark_reason(exc: BaseException) -> str:
-    """The first line of Spark's own message in a Py4J error."""
-    text = str(exc)
-    match = re.search(r"SparkException: ([^\n]+)", text)
-    return (match.group(1) if match else text.strip().splitlines()[-1])[:300]
 
 
 def _record_spark_failures() -> None:
