@@ -105,7 +105,7 @@ print(json.dumps({"workers": everyone, "driver": spark.sparkContext.getConf().ge
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.needs("tensorflow")
+@pytest.mark.needs("horovod.tensorflow")
 def test_horovod_runner_between_worker_hosts(hosts):
     """HorovodRunner(np=2): one worker on each worker host, Gloo over eth0,
     the rendezvous at the driver's own address. PYTHONHASHSEED=0 makes
@@ -161,7 +161,7 @@ def test_torch_distributor_between_worker_hosts(hosts):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.needs("tensorflow")
+@pytest.mark.needs("horovod.tensorflow")
 def test_nics_setting_overrides_the_interface(hosts):
     """spark.dist_dl.nics names the interface; a name no host has fails
     with Horovod's error, on the driver, within the start timeout."""
@@ -342,7 +342,7 @@ print(json.dumps({"error": error, "seconds": time.time() - start}))
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.needs("tensorflow")
+@pytest.mark.needs("horovod.tensorflow")
 def test_a_host_name_resolving_to_loopback_is_named_not_an_abort(hosts):
     """Worker hosts whose own name resolves to 127.0.1.1 (Debian's default
     /etc/hosts): Horovod 0.28.1's Gloo would bind its process sets there and

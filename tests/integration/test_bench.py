@@ -15,7 +15,7 @@ from dist_dl.app.config import BenchConfig
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # 12 minutes measured at load average 12
-@pytest.mark.needs("tensorflow")
+@pytest.mark.needs("horovod.tensorflow")
 def test_every_setup_runs_and_ratios_are_per_round(tmp_path, spark):
     """One tiny round of every setup, the peer (Horovod's recipe through
     horovod.spark.run), the reader alone and the tf.distribute engine with

@@ -150,11 +150,16 @@ def save_as_peer(model, *, optimizer=None, include_optimizer: bool = True) -> No
     """The part of `CheckpointManager.save()` that reads the state, on a
     tf.distribute worker that does not write: the same variables read in the
     same order (joining the writer's all-reduces), written to a temporary
-    local folder that is removed at once."""
+    local folder (in the job's folder where a launcher of this library started
+    the worker) that is removed at once."""
+    from dist_dl.launch.core.worker import job_folder
+
     optimizer = optimizer_of(model, optimizer) if include_optimizer else None
     if optimizer is not None:
         build_optimizer(optimizer, model)
-    with tempfile.TemporaryDirectory(prefix="dist_dl-peer-checkpoint-") as tmp:
+    # In the job's folder: a worker killed mid-write (a cancelled job) leaves
+    # nothing behind once its launcher removes that folder.
+    with tempfile.TemporaryDirectory(prefix="dist_dl-peer-checkpoint-", dir=job_folder()) as tmp:
         write_state(Path(tmp), model, optimizer)
 
 

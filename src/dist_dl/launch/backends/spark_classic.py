@@ -39,7 +39,7 @@ from dist_dl.core.stall import SparkStalled
 from dist_dl.launch.backends.processes import WorkerProcesses
 from dist_dl.launch.core import protocol
 from dist_dl.launch.core.channel import DriverChannel, OutputServer
-from dist_dl.launch.core.deadline import Backstop, stage_refusal
+from dist_dl.launch.core.deadline import Backstop, Interrupts, stage_refusal
 from dist_dl.launch.core.errors import JobCancelled, cancelled_from_outside, failure_from
 from dist_dl.launch.core.protocol import DriverSink
 from dist_dl.launch.core.rendezvous import Engine, first_rank, pick_ports, runner_label, with_gpus
@@ -109,26 +109,30 @@ class BarrierSparkBackend:
                                  forkserver.driver_switch())
         backstop = Backstop(options.timeout, self.grace, lambda: sc.cancelJobGroup(group))
         try:
-            with backstop, job_group(sc, group, label):
-                results = sc.parallelize(range(num_proc), num_proc).barrier() \
-                    .mapPartitions(task).collect()
-        except SparkStalled:
-            raise
-        except Exception as exc:
-            server.close()
-            sink.close()
-            refused = stage_refusal(str(exc), backstop, sink, label, num_proc, options.timeout,
-                                    self.grace, "its Spark tasks were cancelled")
-            if refused is not None:
-                raise refused from exc
-            # Cancelled by somebody else (a notebook's cancel, cancelAllJobs,
-            # the Spark UI): no worker reported a failure, which would have
-            # made the runner cancel the job itself.
-            reason = None if server.first_failed is not None else cancelled_from_outside(str(exc))
-            if reason is not None:
-                raise JobCancelled(f"{label}: its Spark job was cancelled from outside ({reason}); "
-                                   "its workers were stopped") from exc
-            raise failure_from(sink, server.first_failed, options.timeout, label) from exc
+            with Interrupts(lambda: sc.cancelJobGroup(group)):
+                try:
+                    with backstop, job_group(sc, group, label):
+                        results = sc.parallelize(range(num_proc), num_proc).barrier() \
+                            .mapPartitions(task).collect()
+                except SparkStalled:
+                    raise
+                except Exception as exc:
+                    server.close()
+                    sink.close()
+                    refused = stage_refusal(str(exc), backstop, sink, label, num_proc,
+                                            options.timeout, self.grace,
+                                            "its Spark tasks were cancelled")
+                    if refused is not None:
+                        raise refused from exc
+                    # Cancelled by somebody else (a notebook's cancel, cancelAllJobs,
+                    # the Spark UI): no worker reported a failure, which would have
+                    # made the runner cancel the job itself.
+                    reason = (None if server.first_failed is not None
+                              else cancelled_from_outside(str(exc)))
+                    if reason is not None:
+                        raise JobCancelled(f"{label}: its Spark job was cancelled from outside "
+                                           f"({reason}); its workers were stopped") from exc
+                    raise failure_from(sink, server.first_failed, options.timeout, label) from exc
         finally:
             server.close()
         sink.close()

@@ -353,7 +353,11 @@ def main(argv: list[str]) -> int:
     import cloudpickle
 
     payload_path, result_path = argv
-    _watch_parent(os.path.dirname(os.path.abspath(payload_path)))
+    folder = os.path.dirname(os.path.abspath(payload_path))
+    # The launcher's folder of this job, removed with the job however it
+    # ends: where the worker's own scratch files belong (`job_folder()`).
+    os.environ[JOB_FOLDER_VAR] = folder
+    _watch_parent(folder)
     take_launcher_imports()
     with open(payload_path, "rb") as f:
         options, fn, kwargs = cloudpickle.load(f)
@@ -376,6 +380,8 @@ SYS_PATH_VAR = "DIST_DL_SYS_PATH"
 # Set by a Spark barrier task that starts a worker: a file holding the task's
 # BarrierTaskContext (see dist_dl.launch.core.rendezvous).
 TASK_CONTEXT_VAR = "DIST_DL_TASK_CONTEXT"
+# Set by a worker for itself (and what it starts): its job's folder (`job_folder()`).
+JOB_FOLDER_VAR = "DIST_DL_JOB_FOLDER"
 
 
 def launcher_path_env() -> dict[str, str]:
@@ -416,6 +422,15 @@ def restore_task_context(path: str) -> None:
     vars(ctx).update(fields)
     BarrierTaskContext._initialize(address, secret)
     TaskContext._taskContext = ctx
+
+
+def job_folder() -> str | None:
+    """In a worker of a launcher of this library: the job's folder on this
+    host (its payload's), which the launcher removes when the job ends, also
+    when its task or driver was killed; None elsewhere. Scratch files that a
+    worker killed mid-write would leave behind belong there."""
+    folder = os.environ.get(JOB_FOLDER_VAR)
+    return folder if folder and os.path.isdir(folder) else None
 
 
 def _watch_parent(workdir: str, every: float = 0.5) -> None:
