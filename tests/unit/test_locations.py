@@ -32,8 +32,10 @@ def test_tracking_uris_of_local_stores_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert absolute_tracking_uri("runs/mlruns") == f"file://{tmp_path}/runs/mlruns"
     assert absolute_tracking_uri("file:runs/mlruns") == f"file://{tmp_path}/runs/mlruns"
+    # MLflow 3's default store (from 3.7 on), relative to the working directory.
+    assert absolute_tracking_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
     for kept in ("file:///abs/mlruns", "databricks", "databricks-uc", "databricks://profile",
-                 "sqlite:///x.db", "http://mlflow:5000", None):
+                 "sqlite:////abs/x.db", "sqlite://", "http://mlflow:5000", None):
         assert absolute_tracking_uri(kept) == kept
     assert os.path.isabs(absolute_tracking_uri("/abs/mlruns")[len("file://"):])
 

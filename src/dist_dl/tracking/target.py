@@ -23,16 +23,21 @@ __all__ = ["mlflow_target", "experiment_id", "absolute_tracking_uri", "store_fol
 
 
 def absolute_tracking_uri(uri: str | None) -> str | None:
-    """A local file store as an absolute ``file://`` URI; anything else as given.
+    """A local file store as an absolute ``file://`` URI, a relative SQLite
+    database as an absolute ``sqlite:////`` one; anything else as given.
 
     Workers and Spark tasks run in other working directories, so a relative
-    store (``runs/mlruns``, ``file:runs/mlruns``) would be a different folder
-    for each of them.
+    store (``runs/mlruns``, ``file:runs/mlruns``, ``sqlite:///mlflow.db``:
+    MLflow 3's default from 3.7 on is the last) would be another store for
+    each of them, where the driver's run is not found.
     """
     if uri is None or uri.split(":")[0] in ("databricks", "databricks-uc"):
         return uri  # the workspace's tracking server (databricks, databricks://profile)
     if uri.startswith("file:") and not uri.startswith("file:///"):
         return file_url(uri[len("file:"):])
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db.
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
     if ":" not in uri.split("/")[0]:  # a path, not a scheme (databricks, sqlite:, http:...)
         return file_url(uri)
     return uri
