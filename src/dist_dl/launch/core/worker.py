@@ -353,10 +353,11 @@ def main(argv: list[str]) -> int:
     import cloudpickle
 
     payload_path, result_path = argv
-    folder = os.path.dirname(os.path.abspath(payload_path))
-    # The launcher's folder of this job, removed with the job however it
-    # ends: where the worker's own scratch files belong (`job_folder()`).
-    os.environ[JOB_FOLDER_VAR] = folder
+    folder = folder_of_payload(payload_path)
+    if folder is not None:
+        # The launcher's folder of this job, removed with the job however it
+        # ends: where the worker's own scratch files belong (`job_folder()`).
+        os.environ[JOB_FOLDER_VAR] = folder
     _watch_parent(folder)
     take_launcher_imports()
     with open(payload_path, "rb") as f:
@@ -424,6 +425,14 @@ def restore_task_context(path: str) -> None:
     TaskContext._taskContext = ctx
 
 
+def folder_of_payload(payload_path: str) -> str | None:
+    """The job folder a launcher of this library made for a worker's payload
+    (a ``tempfile.mkdtemp(prefix="dist_dl-...")``), or None where the payload
+    is elsewhere (nothing to remove then)."""
+    folder = os.path.dirname(os.path.abspath(payload_path))
+    return folder if os.path.basename(folder).startswith("dist_dl-") else None
+
+
 def job_folder() -> str | None:
     """In a worker of a launcher of this library: the job's folder on this
     host (its payload's), which the launcher removes when the job ends, also
@@ -433,7 +442,7 @@ def job_folder() -> str | None:
     return folder if folder and os.path.isdir(folder) else None
 
 
-def _watch_parent(workdir: str, every: float = 0.5) -> None:
+def _watch_parent(workdir: str | None, every: float = 0.5) -> None:
     """End this worker, and what it started, when the process that started it
     is gone: a Spark task killed on cancellation (PySpark's daemon kills the
     Python worker with SIGKILL) or a driver killed outright cannot stop its
@@ -447,7 +456,7 @@ def _watch_parent(workdir: str, every: float = 0.5) -> None:
         while os.getppid() == parent:
             time.sleep(every)
         termination.end_children(grace=1.0)
-        if os.path.basename(workdir).startswith("dist_dl-"):
+        if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         os._exit(TIMEOUT_EXIT_CODE + 1)
 

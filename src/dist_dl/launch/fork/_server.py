@@ -269,11 +269,11 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
 
 
 def _job_folder(request: dict) -> str | None:
-    """The folder a launcher made for a worker's job (its payload's:
-    ``tempfile.mkdtemp(prefix="dist_dl-...")``), or None."""
+    """The folder a launcher made for a worker's job (its payload's), or None."""
+    from dist_dl.launch.core.worker import folder_of_payload
+
     args = request.get("args") or []
-    folder = os.path.dirname(os.path.abspath(args[0])) if args else ""
-    return folder if os.path.basename(folder).startswith("dist_dl-") else None
+    return folder_of_payload(args[0]) if args else None
 
 
 def _remove_job_folder(folder: str | None) -> None:
