@@ -156,12 +156,16 @@ def test_an_idle_server_exits_and_the_next_launch_starts_another(tmp_path, monke
 
 @pytest.mark.timeout(120)
 def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
+    # Its job's folder (a mkdtemp of the local backend) too: nobody else
+    # would remove it.
+    job = tmp_path / "dist_dl-job"
+    job.mkdir()
     program = textwrap.dedent(f"""
         import os, sys, time
         from dist_dl.launch.fork import client as forkserver
         from dist_dl.launch.core.worker import launcher_path_env
         env = {{**os.environ, **launcher_path_env()}}
-        worker = forkserver.start("forked_probe", [{str(tmp_path / 'w.json')!r}, "sleep"], env,
+        worker = forkserver.start("forked_probe", [{str(job / 'w.json')!r}, "sleep"], env,
                                   "horovod")
         worker.stdout.readline()
         [server] = forkserver._servers.values()
@@ -178,6 +182,7 @@ def test_a_killed_launcher_takes_its_server_and_workers_with_it(tmp_path):
         alive = lambda: [p for p in (worker, server)  # noqa: E731
                          if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert left_after(alive, 20) == []
+        assert not job.exists(), "the killed launcher's job folder was left"
     finally:
         launcher.kill()
 
@@ -244,6 +249,60 @@ def test_an_executors_server_serves_its_python_workers_and_ends_with_the_executo
         assert left_after(lambda: running([server, second_worker]), 20) == []
     finally:
         for proc in [*clients, owner]:
+            proc.kill()
+            proc.wait(30)
+
+
+# A Python worker whose jobs' folders (ROOT/dist_dl-*, a barrier task's
+# mkdtemp) outlive it: one job's worker has ended, the other's still runs.
+_LEAVING_CLIENT = """
+import os, sys, time
+from dist_dl.launch.fork import client as forkserver
+from dist_dl.launch.core.worker import launcher_path_env
+env = {**os.environ, **launcher_path_env()}
+owner, root, jobs = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+server = forkserver._Server(forkserver._import_env(env), [], owner,
+                            forkserver._address(owner, forkserver._key(env, [])))
+pids = []
+for job in jobs:
+    worker = server.fork("forked_probe", [os.path.join(root, job, "w.json"),
+                                          "sleep" if "running" in job else "0"], env)
+    worker.stdout.readline()
+    if "running" not in job:
+        assert worker.wait(60) == 0
+    pids.append(worker.pid)
+print(*pids, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_gone_python_workers_job_folders_go_whether_its_workers_ran_or_had_ended(tmp_path):
+    # A cancelled Spark task's Python worker is SIGKILLed by its executor:
+    # while its workers still run, or after they ended and before it removed
+    # its job's folder itself. Either way nobody else would remove it.
+    owner = subprocess.Popen(["sleep", "600"])
+    jobs = ["dist_dl-torch-ended", "dist_dl-torch-running", "dist_dl-torch-other"]
+    for job in jobs:
+        (tmp_path / job).mkdir()
+    leaving = subprocess.Popen([sys.executable, "-c", _LEAVING_CLIENT, str(owner.pid),
+                                str(tmp_path), *jobs[:2]], stdout=subprocess.PIPE, text=True,
+                               env=_env())
+    staying = subprocess.Popen([sys.executable, "-c", _LEAVING_CLIENT, str(owner.pid),
+                                str(tmp_path), jobs[2]], stdout=subprocess.PIPE, text=True,
+                               env=_env())
+    try:
+        leaving.stdout.readline()
+        staying.stdout.readline()
+        assert sorted(os.listdir(tmp_path)) == sorted(jobs)
+        leaving.kill()
+        leaving.wait(30)
+        left = left_after(lambda: [j for j in jobs[:2] if (tmp_path / j).exists()], 20)
+        assert left == [], f"a gone client's job folders were left: {left}"
+        # Another Python worker's job, still running, keeps its folder.
+        assert (tmp_path / jobs[2] / "w.json").exists()
+    finally:
+        for proc in (leaving, staying, owner):
             proc.kill()
             proc.wait(30)
 

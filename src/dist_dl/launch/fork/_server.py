@@ -189,10 +189,15 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
     # Worker pid -> the job folder its launcher made (its payload's): the
     # launcher of a gone client can no longer remove it.
     folder_of: dict[int, str] = {}
+    # Client -> the job folders of the workers it started: a client killed
+    # after its workers ended (a cancelled Spark task's Python worker gets
+    # SIGKILL while it winds up) leaves them too.
+    folders: dict[socket.socket, set[str]] = {}
     # The one launcher gone, the server goes; one of many, the others stay.
     reply = _tell if shared else _send
     doomed: dict[int, float] = {}  # a gone client's worker -> when it gets SIGKILL
     last = time.monotonic()
+    gone = False
     try:
         while True:
             readable, _, _ = select.select([*clients, *own], [], [], 0.05)
@@ -233,12 +238,19 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                     data, fds = b"", []
                 if not data:
                     if not shared:
+                        gone = True
                         return  # the launcher is gone
                     # This client's workers go with it; the others run on.
-                    for pid in clients.pop(client):
+                    running = clients.pop(client)
+                    for pid in running:
                         _signal_group(pid, signal.SIGTERM)
                         _signal_group(pid, signal.SIGCONT)
                         doomed[pid] = now + GRACE
+                    # Its job folders that no worker uses any more go now;
+                    # the others when their last worker is reaped (above).
+                    busy = {folder_of.get(pid) for pid in running}
+                    for folder in folders.pop(client, set()) - busy:
+                        _remove_job_folder(folder)
                     client.close()
                     last = now
                     continue
@@ -255,7 +267,12 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
                         _run_worker([*clients, *own], request, *fds)
                     clients[client].add(pid)
                     client_of[pid] = client
-                    folder_of[pid] = _job_folder(request)
+                    folder = folder_of[pid] = _job_folder(request)
+                    if folder is not None:
+                        # A reused client's earlier jobs' folders, removed
+                        # by their launchers, are forgotten.
+                        mine = {f for f in folders.get(client, ()) if os.path.isdir(f)}
+                        folders[client] = mine | {folder}
                     reply(client, "started", pid)
                 finally:
                     for received in fds:
@@ -263,9 +280,13 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
             if not client_of and not doomed and now - last > idle and not (shared and clients):
                 return
     except OSError:
+        gone = not shared
         return  # the launcher is gone
     finally:
         _end_all(set(client_of) | set(doomed))
+        if gone:  # nobody else removes its jobs' folders
+            for folder in set().union(*folders.values(), folder_of.values()):
+                _remove_job_folder(folder)
 
 
 def _job_folder(request: dict) -> str | None:
