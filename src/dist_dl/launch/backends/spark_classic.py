@@ -125,13 +125,13 @@ class BarrierSparkBackend:
                     if refused is not None:
                         raise refused from exc
                     # Cancelled by somebody else (a notebook's cancel, cancelAllJobs,
-                    # the Spark UI): no worker reported a failure, which would have
-                    # made the runner cancel the job itself.
-                    reason = (None if server.first_failed is not None
-                              else cancelled_from_outside(str(exc)))
-                    if reason is not None:
+                    # the Spark UI): Spark says so, not naming the runner's own
+                    # job group; or, less certain, no worker reported a failure,
+                    # which would have made the runner cancel the job itself.
+                    cancelled = cancelled_from_outside(str(exc), group)
+                    if cancelled is not None and (cancelled[1] or server.first_failed is None):
                         raise JobCancelled(f"{label}: its Spark job was cancelled from outside "
-                                           f"({reason}); its workers were stopped") from exc
+                                           f"({cancelled[0]}); its workers were stopped") from exc
                     raise failure_from(sink, server.first_failed, options.timeout, label) from exc
         finally:
             server.close()

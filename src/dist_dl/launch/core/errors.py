@@ -66,14 +66,29 @@ class NotEnoughSlots(RuntimeError):
 _CANCELLED = re.compile(r"\bcancell?ed\b", re.I)
 
 
-def cancelled_from_outside(error: str) -> str | None:
-    """Spark's reason (the first line of its own message) where a failed Spark
-    job's ``error`` says the job was cancelled, else None. The caller knows
-    whether the runner itself cancelled it (a timeout, a worker's failure)."""
+# Spark's own words for a cancelled job (3.5 and 4.x; 4.x puts an error class
+# before them): "Job 3 cancelled as part of cancellation of all jobs", "...
+# part of cancelled job group G", "... because SparkContext was shut down".
+_JOB_CANCELLED = re.compile(r"SparkException: (?:\[SPARK_JOB_CANCELLED\] )?"
+                            r"(Job \d+ cancell?ed[^\n]*?)(?: SQLSTATE: \w+)?$", re.M)
+
+
+def cancelled_from_outside(error: str, group: str | None = None) -> tuple[str, bool] | None:
+    """Where a failed Spark job's ``error`` says the job was cancelled, and not
+    by the runner's own cancel of its job group ``group`` (a timeout, a
+    worker's failure): Spark's reason (the first line of its own message),
+    and whether that is Spark's own job cancellation (certain, even if a
+    worker failed meanwhile: a peer of a worker killed by the cancel fails
+    too) rather than the word "cancelled" somewhere in it. Else None."""
+    job = _JOB_CANCELLED.search(error)
+    if job is not None:
+        if group is not None and job.group(1).endswith(f"job group {group}"):
+            return None
+        return job.group(1)[:300], True
     if not _CANCELLED.search(error):
         return None
     match = re.search(r"SparkException: ([^\n]+)", error)
-    return (match.group(1) if match else error.strip().splitlines()[-1])[:300]
+    return (match.group(1) if match else error.strip().splitlines()[-1])[:300], False
 
 
 # Errors that survivors raise because a peer died: not the cause. Horovod and
@@ -149,9 +164,12 @@ def failure_from(sink: DriverSink, first_failed: tuple[int, int] | None,
 
 def _peer_timeout(sink: DriverSink, rank: int) -> str:
     """If ``rank`` ended because Gloo timed out waiting for its peers, that,
-    and the other ranks with their hosts (one of which stopped answering):
+    and the other ranks with their hosts (one of which stopped answering);
+    if TensorFlow ended it because peers stopped sending heartbeats, those:
     the worker that exits first is the one that waited, not the one that went
     missing."""
+    if sink.unhealthy.get(rank):
+        return f" after {_lost_peer(sink, rank)}"
     found = sink.gloo_timeouts.get(rank)
     if not found:
         return ""
@@ -160,7 +178,13 @@ def _peer_timeout(sink: DriverSink, rank: int) -> str:
 
 def _lost_peer(sink: DriverSink, rank: int) -> str:
     """What stops a rank's collectives from outside it, and the ranks other
-    than ``rank`` (each with its host) among which to look."""
+    than ``rank`` (each with its host) among which to look; the ranks
+    TensorFlow told ``rank`` stopped sending heartbeats, where it did."""
+    lost = sorted(sink.unhealthy.get(rank, ()))
+    if lost:
+        named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in lost)
+        return (f"TensorFlow found {named} stopped sending heartbeats (a host cut off the "
+                "network, or a worker stopped or lost)")
     named = ", ".join(f"rank {r}{_on_host(sink, r)}" for r in sorted(sink.hosts) if r != rank)
     return ("a host cut off the network, or a worker stopped or lost, among "
             f"{named or 'the other ranks'}")

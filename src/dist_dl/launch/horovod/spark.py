@@ -160,11 +160,11 @@ class SparkBackend:
                         + stall.describe()) from exc
                 spark_failure, after_launch = (_SPARK_FAILURE[0] if _SPARK_FAILURE
                                                else (None, True))
-                reason = cancelled_from_outside(str(spark_failure))
-                if not expired.is_set() and not after_launch and reason is not None:
+                cancelled = cancelled_from_outside(str(spark_failure), group)
+                if not expired.is_set() and not after_launch and cancelled is not None:
                     raise JobCancelled(
                         f"the Spark job of HorovodRunner(np={num_proc}) was cancelled from "
-                        f"outside ({reason}); its workers were stopped") from exc
+                        f"outside ({cancelled[0]}); its workers were stopped") from exc
                 if expired.is_set() and sink.first("timeout") is None:
                     raise JobTimeout(
                         f"{runner_prefix(options.runner)}the job did not finish within its "
