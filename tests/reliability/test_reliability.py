@@ -11,7 +11,6 @@ processes of all of them, and each process's network namespace names its host.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -1003,13 +1002,10 @@ print(json.dumps({"error": error, "failed_at": stamped.failed_at, "slots": stamp
 @pytest.mark.timeout(900)
 @pytest.mark.hosts
 @pytest.mark.needs("tensorflow")
-# Open defect of the tf.distribute engine (what engine "auto" trains with where
-# Horovod is missing: profiles 16.4, 17.3, 18): the cut-off host's worker cannot
-# report, and the error names the surviving worker's own death ("worker rank 1
-# on host worker1 ... exited with code 1"), not the host cut off. Horovod's
-# names it from Gloo's timeout. Strict: the test fails when that is fixed.
-@pytest.mark.xfail(importlib.util.find_spec("horovod") is None, strict=True,
-                   reason="tf.distribute's error names the surviving host, not the one cut off")
+# With Horovod (engine "auto" where it is installed), the surviving worker
+# exits after Gloo's timeout; with tf.distribute (16.4, 17.3, 18), after
+# TensorFlow's coordination service found the cut-off task stopped sending
+# heartbeats. Either way the error names the host cut off.
 def test_a_worker_host_cut_off_the_network_fails_the_attempt_and_the_retry_finishes(
         request, scenario):
     import glob

@@ -38,6 +38,12 @@ def line_prefix(rank: int, stream: str) -> str:
 # then ends the process. Kept per rank apart from the tail, which a long
 # Python traceback after it would push it out of.
 GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation(?: to complete)?")
+# TensorFlow's coordination service, when a task stops sending heartbeats
+# (its host cut off, its process stopped), tells every other task, which
+# prints the tasks' names one per line after it, and ends (exit code 1).
+TF_UNHEALTHY = "stopped sending heartbeats"
+_TF_TASK = re.compile(r"^/job:worker/replica:\d+/task:(\d+)\s*$")
+_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
 # Horovod's Spark task service prefixes each line of a worker's output once
 # more (with the task index); ours, inside it, is the one that names the rank.
 _OUTER_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:(?=\[\d+\]<std(?:out|err)>:|\x1e)")
@@ -88,6 +94,10 @@ class DriverSink:
         self.gloo_timeouts: dict[int, str] = {}
         # rank -> the host it said it runs on in its "start" record.
         self.hosts: dict[int, str] = {}
+        # rank -> the tasks (tf.distribute's worker index: the rank) that
+        # TensorFlow told it stopped sending heartbeats (TF_UNHEALTHY).
+        self.unhealthy: dict[int, set[int]] = {}
+        self._listing: set[int] = set()  # ranks printing such a list now
 
     @property
     def out(self) -> TextIO:
@@ -119,6 +129,7 @@ class DriverSink:
                 timed_out = GLOO_TIMEOUT.search(line)
                 if timed_out:
                     self.gloo_timeouts[rank] = timed_out.group(0)
+                self._unhealthy_tasks(rank, line)
             if self.verbosity == "all":
                 print(line, file=self.out, flush=True)
             return
@@ -128,6 +139,17 @@ class DriverSink:
             self.hosts[record["rank"]] = str(record.get("host") or "")
         if record["kind"] == "log":
             print(f"[{record['rank']}] {record['message']}", file=self.out, flush=True)
+
+    def _unhealthy_tasks(self, rank: int, line: str) -> None:
+        if TF_UNHEALTHY in line:
+            self._listing.add(rank)
+            return
+        if rank in self._listing:
+            task = _TF_TASK.match(_PREFIX.sub("", line))
+            if task is None:
+                self._listing.discard(rank)
+            else:
+                self.unhealthy.setdefault(rank, set()).add(int(task.group(1)))
 
     def first(self, kind: str, prefer: Callable[[dict], bool] = lambda r: True) -> dict | None:
         """The earliest record of a kind, preferring those ``prefer`` accepts."""
