@@ -35,8 +35,25 @@ def pytest_configure(config):
     the environment set here)."""
     if not hasattr(config, "workerinput"):
         jvm.ensure_class_archive()
+        _own_mlflow_store(config)
     for key, value in jvm.driver_env().items():
         os.environ.setdefault(key, value)
+
+
+def _own_mlflow_store(config) -> None:
+    """Tests that name no MLflow store use one of this run's (in the
+    environment, so xdist's workers and every process a test starts get it):
+    MLflow 3's default, ./mlflow.db in the working directory, would be shared
+    by every profile's runs in a checkout, and a later MLflow's migrations
+    make it unreadable to an earlier one's."""
+    if "MLFLOW_TRACKING_URI" in os.environ:
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="pytest-mlflow-")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder}/mlflow.db"
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 # The tiers (pytest.ini's testpaths runs them in this order):
