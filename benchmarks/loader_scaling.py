@@ -7,17 +7,23 @@ loader (``make_loader(url, rank, 2, ...)``, training transforms, decoding on
 the CPU with one decoding thread: the share of a worker with one core) in
 processes of their own, each pinned to one core:
 
-- single: one worker on core 0, alone;
-- pair:   two workers at once, on cores 0 and 1 (ranks 0 and 1), started
-          together (both wait, warmed up, for the same signal).
+- single: rank 0 on core 0 alone, then rank 1 on core 0 alone (the ranks
+          read different row groups, whose images decode at different
+          costs: each rank is compared with itself);
+- pair:   ranks 0 and 1 at once, on cores 0 and 1, started together (both
+          wait, warmed up, for the same signal).
+
+- wide:   rank 0 alone on cores 0 and 1, two decoding threads (one worker
+          given two cores: ``loader_threads_scaling.torch``, its rate over
+          twice rank 0's alone on one core).
 
 Each worker reports images/s and CPU seconds per wall second over the same
 number of batches. Writes ``loader_scaling.torch`` (the pair's summed rate
-over twice the single worker's; goal 0.9) and
+over the sum of each rank's rate alone; goal 0.9) and
 ``loader_scaling_per_cpu_s.torch`` (the same ratio of images per
 CPU-second) to results.json, with the decoder that ran.
 
-    PYTHONPATH=src .venv-dbr-17.3-ml/bin/python benchmarks/loader_scaling.py
+    PYTHONPATH=src .venv-dbr-19-ml/bin/python benchmarks/loader_scaling.py
 """
 from __future__ import annotations
 
@@ -31,10 +37,12 @@ import tempfile
 import time
 
 
-def child(url: str, core: int, rank: int, batches: int, warmup: int, batch_size: int,
+def child(url: str, cores: str, rank: int, batches: int, warmup: int, batch_size: int,
           ready: str, go: str) -> None:
-    """One worker: pinned to ``core``, one decoding thread; prints its figures."""
-    os.sched_setaffinity(0, {core})
+    """One worker: pinned to ``cores`` ("0" or "0,1"), a decoding thread per
+    core; prints its figures."""
+    pinned = {int(c) for c in cores.split(",")}
+    os.sched_setaffinity(0, pinned)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -43,7 +51,7 @@ def child(url: str, core: int, rank: int, batches: int, warmup: int, batch_size:
     from dist_dl.read.imaging import decoder_name
 
     loader = make_loader(url, rank, 2, batch_size, training=True,
-                         config=ReaderConfig(image_size=224), seed=rank, threads=1)
+                         config=ReaderConfig(image_size=224), seed=rank, threads=len(pinned))
 
     def forever():
         while True:
@@ -63,11 +71,12 @@ def child(url: str, core: int, rank: int, batches: int, warmup: int, batch_size:
                       "per_cpu_s": batches * batch_size / cpu, "decoder": decoder_name()}))
 
 
-def _run(url, cores, args, workdir) -> list[dict]:
-    """Workers on ``cores`` (rank i on cores[i]) started together; their figures."""
+def _run(url, cores, args, workdir, ranks=None) -> list[dict]:
+    """Workers on ``cores`` (rank ``ranks[i]``, default i, on cores[i]: a core,
+    or "0,1" for both) started together; their figures."""
     go = os.path.join(workdir, f"go-{time.monotonic_ns()}")
     procs, readies = [], []
-    for rank, core in enumerate(cores):
+    for rank, core in zip(ranks or range(len(cores)), cores):
         ready = f"{go}.ready{rank}"
         readies.append(ready)
         procs.append(subprocess.Popen(
@@ -92,7 +101,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=12, help="timed batches per worker")
+    parser.add_argument("--batches", type=int, default=48, help="timed batches per worker")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results", default=os.path.join(os.path.dirname(
@@ -114,23 +123,35 @@ def main(argv=None):
     rounds = []
     for r in range(args.rounds):
         # Alternate which goes first.
-        order = ["single", "pair"] if r % 2 == 0 else ["pair", "single"]
+        order = ["single", "pair", "wide"] if r % 2 == 0 else ["wide", "pair", "single"]
         row = {}
         for name in order:
-            found = _run(url, cores[:1] if name == "single" else cores, args, workdir)
+            # "single": each rank alone on core 0, one after the other (the
+            # ranks read different row groups, which decode at different
+            # costs); "pair": both ranks at once; "wide": rank 0 alone on
+            # both cores, with two decoding threads.
+            if name == "single":
+                found = [_run(url, cores[:1], args, workdir, [rank])[0] for rank in (0, 1)]
+                row["single_rank0"] = found[0]["img_s"]
+            elif name == "pair":
+                found = _run(url, cores, args, workdir)
+            else:
+                found = _run(url, [",".join(map(str, cores))], args, workdir)
             row[name] = sum(f["img_s"] for f in found)
             row[name + "_per_cpu_s"] = sum(f["per_cpu_s"] for f in found)
             row[name + "_cpu_per_s"] = sum(f["cpu_per_s"] for f in found)
             row["decoder"] = found[0]["decoder"]
-        row["ratio"] = row["pair"] / (2 * row["single"])
-        row["ratio_per_cpu_s"] = row["pair_per_cpu_s"] / (2 * row["single_per_cpu_s"])
+        row["ratio"] = row["pair"] / row["single"]
+        row["ratio_per_cpu_s"] = row["pair_per_cpu_s"] / row["single_per_cpu_s"]
+        row["wide_ratio"] = row["wide"] / (2 * row["single_rank0"])
         rounds.append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                           for k, v in row.items()}), flush=True)
     decoder = rounds[0]["decoder"]
     summary = {key: round(statistics.median(r[key] for r in rounds), 3)
                for key in ("single", "pair", "ratio", "single_per_cpu_s", "pair_per_cpu_s",
-                           "ratio_per_cpu_s", "single_cpu_per_s", "pair_cpu_per_s")}
+                           "ratio_per_cpu_s", "single_cpu_per_s", "pair_cpu_per_s",
+                           "single_rank0", "wide", "wide_cpu_per_s", "wide_ratio")}
     print(json.dumps(dict(summary, decoder=decoder), indent=1))
     if args.results:
         from dist_dl.app.bench import publish_results, result_entry
@@ -140,10 +161,14 @@ def main(argv=None):
         published = publish_results(args.results, {
             "loader_scaling.torch": result_entry(
                 [r["ratio"] for r in rounds], goal=0.9,
-                single_images_per_second=summary["single"],
+                single_images_per_second=summary["single"],  # the two ranks' alone, summed
                 pair_images_per_second=summary["pair"], **common),
             "loader_scaling_per_cpu_s.torch": result_entry(
-                [r["ratio_per_cpu_s"] for r in rounds], **common)})
+                [r["ratio_per_cpu_s"] for r in rounds], **common),
+            "loader_threads_scaling.torch": result_entry(
+                [r["wide_ratio"] for r in rounds], alone_images_per_second=summary["single_rank0"],
+                wide_images_per_second=summary["wide"], wide_cores_busy=summary["wide_cpu_per_s"],
+                **common)})
         print(f"results: {published['results']}")
     return summary
 
@@ -151,6 +176,6 @@ def main(argv=None):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         url, core, rank, batches, warmup, batch_size, ready, go = sys.argv[2:]
-        child(url, int(core), int(rank), int(batches), int(warmup), int(batch_size), ready, go)
+        child(url, core, int(rank), int(batches), int(warmup), int(batch_size), ready, go)
     else:
         main()
