@@ -270,7 +270,9 @@ class HostCluster:
         what points at the test process's own places, plus the host's
         address for Spark."""
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYTEST_", "SPARK_", "TMP", "HOROVOD_"))}
+               if not k.startswith(("PYTEST_", "SPARK_", "TMP", "HOROVOD_"))
+               # the test run's MLflow store is in this machine's /tmp (conftest)
+               and k != "MLFLOW_TRACKING_URI"}
         import pyspark
 
         env.update(HOME="/tmp/home", SPARK_HOME=str(Path(pyspark.__file__).parent),
