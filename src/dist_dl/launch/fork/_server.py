@@ -284,8 +284,11 @@ def serve(fd: int, preload: list[str], idle: float, owner: int | None = None) ->
         return  # the launcher is gone
     finally:
         _end_all(set(client_of) | set(doomed))
-        if gone:  # nobody else removes its jobs' folders
-            for folder in set().union(*folders.values(), folder_of.values()):
+        if gone:
+            # The launcher died with workers running: nobody else removes
+            # their jobs' folders. (It closes the server itself only when
+            # none of its workers runs, and then its jobs' folders are its own.)
+            for folder in set(folder_of.values()):
                 _remove_job_folder(folder)
 
 
