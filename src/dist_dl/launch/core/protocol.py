@@ -43,10 +43,12 @@ GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation(?: to co
 # prints the tasks' names one per line after it, and ends (exit code 1).
 TF_UNHEALTHY = "stopped sending heartbeats"
 _TF_TASK = re.compile(r"^/job:worker/replica:\d+/task:(\d+)\s*$")
-_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+# A line's rank prefix (`line_prefix()`).
+_RANK_PREFIX = r"\[\d+\]<std(?:out|err)>:"
+_PREFIX = re.compile("^" + _RANK_PREFIX)
 # Horovod's Spark task service prefixes each line of a worker's output once
 # more (with the task index); ours, inside it, is the one that names the rank.
-_OUTER_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:(?=\[\d+\]<std(?:out|err)>:|\x1e)")
+_OUTER_PREFIX = re.compile(f"^{_RANK_PREFIX}(?={_RANK_PREFIX}|\x1e)")
 
 
 def encode_control(kind: str, rank: int, **fields: Any) -> str:
