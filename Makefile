@@ -212,14 +212,16 @@ reliability-report: $(STAMP)
 # The separate-hosts tests (tests/support/host_cluster.py) make network and mount
 # namespaces with iproute2's ip and util-linux's unshare/nsenter: installed
 # here when missing and this is root (as CI is); elsewhere the tests skip.
+# apt runs one at a time (CI's set-up runs tests of several profiles side by side).
+APT_LOCK := flock /tmp/dist_dl-apt.lock
 hosts-tools:
 	@command -v ip >/dev/null && command -v nsenter >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || true
+	  { [ "$$(id -u)" = 0 ] && $(APT_LOCK) sh -c 'apt-get update -qq && apt-get install -y -qq iproute2 util-linux'; } || true
 
 # The docs' browser check (tests/unit/test_docs.py) opens every page of the site in
 # Debian's chromium: installed here when missing.
 docs-tools:
-	sh tests/support/install_chromium.sh
+	$(APT_LOCK) sh tests/support/install_chromium.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/launcher.py
