@@ -362,3 +362,30 @@ def test_the_readmes_pipeline_from_a_connect_dataframe(connect, server, tmp_path
             "prediction").count().collect()
     assert sum(r["count"] for r in counts) == rows
     assert _workers_left(server) == []
+
+
+# The notebooks a user may open on serverless compute or a standard-access
+# cluster (Spark Connect both): preparing data, train_distributed on a
+# DataFrame, batch scoring, TorchDistributor. Each runs end to end from the
+# Connect session (its get_spark() returns the active session), with its
+# local widget defaults. The others need the classic SparkContext
+# (HorovodRunner, the benchmark's Horovod jobs, the search) or no Spark at all
+# (the single-node baseline).
+CONNECT_NOTEBOOKS = ("01_prepare_data", "04_train_distributed_dataframe", "07_batch_scoring",
+                     "08_torch_distributor")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", CONNECT_NOTEBOOKS)
+def test_the_notebooks_run_from_a_connect_session(name, connect, server, tmp_path, monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)  # the notebooks write under ./runs
+    notebook = Path(__file__).parents[2] / "notebooks" / f"{name}.py"
+    namespace = runpy.run_path(str(notebook), run_name="__main__")
+    assert namespace.get("result") is not None, f"{name} must leave its outcome in `result`"
+    session = namespace.get("spark")
+    assert session is None or is_connect(session), f"{name} ran on {session!r}"
+    assert _workers_left(server) == []
