@@ -148,6 +148,7 @@ print(json.dumps({"workers": everyone}))
 @pytest.mark.timeout(600)
 @pytest.mark.needs("torch")
 @pytest.mark.profile_subset_164
+@pytest.mark.profile_dbr19
 def test_torch_distributor_between_worker_hosts(hosts):
     """TorchDistributor(num_processes=2, local_mode=False): one process on
     each worker host, Gloo between them, MASTER_ADDR rank 0's own host
@@ -158,6 +159,90 @@ def test_torch_distributor_between_worker_hosts(hosts):
     rank0_host = workers[0]["host"]
     assert {w["master"] for w in workers} == {hosts.hosts[rank0_host].address}
     assert all(w["sum"] == 30.0 for w in workers)
+
+
+# A Connect server on the driver host (the classic driver of the cluster with
+# Spark's Connect plugin, bound to the driver's address), and its client in
+# another process there: what serverless compute and standard access mode
+# are to a notebook. The client trains from its own DataFrame; the ranks
+# run on the worker hosts.
+_CONNECT_SERVER = """
+import json, socket, subprocess, sys
+from dist_dl.core.session import get_spark
+conf = {"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": socket.gethostbyname(socket.gethostname()),
+        "spark.connect.grpc.binding.port": "15002"}
+spark = ready(get_spark(MASTER, conf=conf))
+client = subprocess.run([sys.executable, "-c", CLIENT, SHARED], capture_output=True, text=True)
+sys.stderr.write(client.stderr[-12000:])
+print(client.stdout.strip().splitlines()[-1] if client.returncode == 0
+      else json.dumps({"client_exit": client.returncode, "out": client.stdout[-4000:]}))
+"""
+
+_CONNECT_CLIENT = """
+import json, os, socket, sys
+from pyspark.sql import SparkSession, functions as F
+from dist_dl import TorchDistributor, train_distributed
+from dist_dl.core.sessionkind import is_connect
+from dist_dl.prepare import write_digits_tree
+
+def main(scale):
+    import os, socket
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1) * scale])
+    dist.all_reduce(total)
+    me = {"rank": dist.get_rank(), "host": socket.gethostname(), "sum": float(total[0])}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    dist.destroy_process_group()
+    return everyone
+
+shared = sys.argv[1]
+address = socket.gethostbyname(socket.gethostname())
+spark = SparkSession.builder.remote(f"sc://{address}:15002").getOrCreate()
+workers = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, spark=spark).run(
+    main, 10.0)
+train_dir, _ = write_digits_tree(os.path.join(shared, "connect-digits"), image_size=16)
+images = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(train_dir)
+          .withColumn("digit", F.regexp_extract("path", r"/(\\d)/[^/]+$", 1)))
+trained = train_distributed(images, image_col="content", label_col="digit", engine="torch",
+                            model="small_cnn", image_size=16, num_workers=2, epochs=3,
+                            batch_size=32, spark=spark,
+                            output_dir=os.path.join(shared, "connect-out"),
+                            tracking_uri="file://" + os.path.join(shared, "connect-mlruns"))
+scored = trained.transform(images).agg(F.count("*").alias("rows"),
+                                       F.avg((F.col("prediction") == F.col("digit").cast("int"))
+                                             .cast("double")).alias("accuracy")).first()
+print(json.dumps({"connect": is_connect(spark), "workers": workers,
+                  "val_accuracy": trained.history["val_accuracy"][-1],
+                  "rows": images.count(), "scored": scored["rows"],
+                  "accuracy": scored["accuracy"]}))
+"""
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.needs("torch")
+@pytest.mark.profile_dbr19
+def test_a_connect_client_on_the_driver_host_trains_on_the_worker_hosts(hosts):
+    """A Spark Connect server on the driver host, its client in another
+    process: TorchDistributor runs one rank on each worker host, and
+    train_distributed (torch) trains from the client's DataFrame of images
+    on two Spark tasks of the cluster, its model scoring there too."""
+    import connect_server
+
+    connect_server.skip_without_a_client()
+    out = hosts.run_driver(_CONNECT_SERVER.replace(
+        "CLIENT, SHARED", f"{_CONNECT_CLIENT!r}, {str(hosts.shared)!r}"))
+    assert out.get("connect") is True, out
+    workers = sorted(out["workers"], key=lambda w: w["rank"])
+    assert {w["host"] for w in workers} == {"worker1", "worker2"}
+    assert all(w["sum"] == 30.0 for w in workers)
+    # Three epochs of 16-pixel digits (0.74 validation, 0.66 scored,
+    # measured): it learns, and the model scored is the one trained.
+    assert out["scored"] == out["rows"] and out["accuracy"] >= 0.4, out
+    assert out["val_accuracy"] >= 0.4, out
 
 
 @pytest.mark.timeout(600)
