@@ -292,6 +292,7 @@ WORKER_MODULES = {
     "dist_dl.read.rows": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.read.imaging": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.read.torchdata": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
+    "dist_dl.read.processes": ("tensorflow", "mlflow", "pyspark", "petastorm", "torch"),
     "dist_dl.launch.core._worker_main": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.launch.core.worker": ("tensorflow", "mlflow", "pyspark", "horovod"),
     "dist_dl.train.engines.core": ("tensorflow", "mlflow", "pyspark", "horovod", "torch"),

@@ -22,6 +22,10 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.mark.parametrize("kwargs, message", [
     ({"decode": "tpu"}, r"decode must be one of \('cpu', 'gpu', 'synthetic'\), got 'tpu'"),
     ({"threads": 0}, "threads must be a positive int, got 0"),
+    ({"decode_processes": 0}, "decode_processes must be a positive int, got 0"),
+    ({"decode_processes": 2, "threads": 2}, "threads=2 and decode_processes=2: give one"),
+    ({"decode_processes": 2, "decode": "synthetic"},
+     "decode_processes decodes on the CPU: it goes with decode='cpu', not decode='synthetic'"),
     ({"prefetch": True}, "prefetch must be a positive int, got True"),
     ({"epoch": -1}, "epoch must be an int >= 0, got -1"),
     ({"rank": 2}, r"rank must be an int in \[0, 2\), got 2"),

@@ -20,6 +20,8 @@ import collections
 import contextlib
 import itertools
 import os
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from dist_dl.core.lazy import lazy_attributes
@@ -34,7 +36,8 @@ DECODES = ("cpu", "gpu", "synthetic")
 
 
 def decode_threads(environ=None) -> int:
-    """Threads that decode JPEGs in one worker: its share of the host's cores.
+    """Threads (or processes) that decode JPEGs in one worker: its share of
+    the host's cores.
 
     ``OMP_NUM_THREADS`` where set (the library's launchers set it to each
     worker's share, ``threads_per_worker``), else the cores this process may
@@ -58,7 +61,8 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
                 config: ReaderConfig = ReaderConfig(), steps_per_epoch: int | None = None,
                 version: int | None = None, seed: int | None = None, epoch: int = 0,
                 shuffle: bool | None = None, decode: str = "cpu", threads: int | None = None,
-                prefetch: int = 2, with_weights: bool = False, include_source_id: bool = False,
+                decode_processes: int | None = None, prefetch: int = 2,
+                with_weights: bool = False, include_source_id: bool = False,
                 pin_memory: bool = False, device=None) -> "TorchLoader":
     """Batches of shard ``rank`` of ``num_workers`` as torch tensors.
 
@@ -90,17 +94,32 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
             None draws fresh ones.
         epoch: The first epoch an iteration yields.
         shuffle: Shuffle row groups and rows (default ``training``).
-        decode: ``"cpu"``: in ``threads`` threads, nvimgcodec decoding only
-            each crop's window (or, where it does not load, simplejpeg or
-            Pillow decoding the whole image; `decoder_name()`). ``"gpu"``:
-            torchvision's JPEG decoder on the CUDA device ``device`` (default
-            the current one), the crop, resize and flip there too; needs
-            torchvision and a GPU. ``"synthetic"``: no decoding: the same
-            random images every batch, made once on ``device`` (default the
-            CPU), with the shard's labels, weights and row order; measures
-            a training loop without its image decoding (as synthetic data
-            in tf_cnn_benchmarks).
+        decode: ``"cpu"``: in ``threads`` threads (or ``decode_processes``
+            processes), nvimgcodec decoding only each crop's window (or,
+            where it does not load, simplejpeg or Pillow decoding the whole
+            image; `decoder_name()`). ``"gpu"``: torchvision's JPEG decoder
+            on the CUDA device ``device`` (default the current one), the
+            crop, resize and flip there too; needs torchvision and a GPU.
+            ``"synthetic"``: no decoding: the same random images every
+            batch, made once on ``device`` (default the CPU), with the
+            shard's labels, weights and row order; measures a training loop
+            without its image decoding (as synthetic data in
+            tf_cnn_benchmarks).
         threads: Decoding threads (``"cpu"``); default `decode_threads()`.
+        decode_processes: Decode (``"cpu"``) in this many processes of the
+            loader's own instead of in threads; default None: threads. Each
+            process has its own decoder and writes the pixels straight into
+            a ring of ``prefetch + 1`` batch slots in shared memory (only
+            the JPEG bytes, crop draws and flips are sent to it); each batch
+            is copied out of its slot before it is yielded (into pinned
+            memory with ``pin_memory``), so the batches a consumer keeps
+            are its own. The same images, bytes for bytes, as threads give.
+            The processes start on the first iteration (a Python
+            interpreter each, importing torch: seconds) and serve every
+            epoch after it, one iteration at a time; `TorchLoader.close()`
+            (or the loader's garbage collection) ends them. A process that
+            ends stops the loader with an error naming it and how it ended.
+            `decode_threads()` gives a worker's share of the cores.
         prefetch: Batches made ahead of the one yielded, by a thread of
             the loader's own (and as many more in decoding with ``"cpu"``).
         with_weights: Also yield the rows' weights (1.0 for rows read in the
@@ -127,10 +146,18 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
     """
     if decode not in DECODES:
         raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
-    for name, value in (("threads", threads), ("prefetch", prefetch)):
+    for name, value in (("threads", threads), ("decode_processes", decode_processes),
+                        ("prefetch", prefetch)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if decode_processes is not None and threads is not None:
+        raise ValueError(f"threads={threads} and decode_processes={decode_processes}: give one "
+                         "(threads decode in this process, decode_processes in processes of "
+                         "the loader's own)")
+    if decode_processes is not None and decode != "cpu":
+        raise ValueError(f"decode_processes decodes on the CPU: it goes with decode='cpu', not "
+                         f"decode={decode!r}")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     if decode == "gpu":
@@ -148,7 +175,8 @@ def make_loader(url, rank: int, num_workers: int, batch_size: int, *, training: 
     return TorchLoader(passes, rank=rank, num_workers=num_workers, batch_size=batch_size,
                        steps_per_epoch=steps, training=training, shuffle=shuffle, config=config,
                        seed=seed, epoch=epoch, decode=decode,
-                       threads=threads or decode_threads(), prefetch=prefetch,
+                       threads=threads or decode_threads(), processes=decode_processes,
+                       prefetch=prefetch,
                        with_weights=with_weights, include_source_id=include_source_id,
                        pin_memory=pin_memory, device=device)
 
@@ -180,17 +208,22 @@ class TorchLoader:
             (`DECODERS`: ``"region"``,
             ``"region_rejected"`` for JPEGs the region decoder refused and
             another decoded whole, ``"simplejpeg"``, ``"pillow"``).
+
+    A loader made with ``decode_processes`` holds processes from its first
+    iteration on: `close()` ends them (``with make_loader(...) as loader:``
+    does at the block's end), as does the loader's garbage collection.
     """
 
     def __init__(self, passes, *, rank, num_workers, batch_size, steps_per_epoch, training,
-                 shuffle, config, seed, epoch, decode, threads, prefetch, with_weights,
-                 include_source_id, pin_memory, device):
+                 shuffle, config, seed, epoch, decode, threads, processes, prefetch,
+                 with_weights, include_source_id, pin_memory, device):
         self._passes = passes
         self._rank, self._num_workers, self._batch_size = rank, num_workers, batch_size
         self.steps_per_epoch = steps_per_epoch
         self.epoch = epoch
         self._training, self._shuffle, self._config, self._seed = training, shuffle, config, seed
         self._decode, self._threads, self._prefetch = decode, threads, prefetch
+        self._processes, self._decoders, self._decoders_lock = processes, None, threading.Lock()
         self._with_weights, self._include_source_id = with_weights, include_source_id
         self._pin_memory, self._device = pin_memory, device
         self._synthetic = None
@@ -199,6 +232,28 @@ class TorchLoader:
 
     def __len__(self) -> int:
         return self.steps_per_epoch
+
+    @property
+    def decode_pids(self) -> tuple[int, ...]:
+        """The process ids of the decoding processes (``decode_processes``;
+        none before the first iteration, after `close()` and with threads)."""
+        decoders = self._decoders
+        return () if decoders is None else decoders.pids
+
+    def close(self) -> None:
+        """End the decoding processes (``decode_processes``) and free their
+        shared memory; a later iteration starts new ones. Nothing to do with
+        threads."""
+        with self._decoders_lock:
+            decoders, self._decoders = self._decoders, None
+        if decoders is not None:
+            decoders.close()
+
+    def __enter__(self) -> "TorchLoader":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``."""
@@ -229,10 +284,9 @@ class TorchLoader:
         entropy = None if self._seed is None else [self._seed % 2**32, epoch, self._rank]
         rng = np.random.default_rng(entropy)
         rows = self._rows(epoch, rng)
-        size = self._config.image_size
-        with contextlib.closing(rows), ThreadPoolExecutor(self._threads) as pool:
+        with contextlib.closing(rows), self._cpu_decoding() as submit:
             pending = collections.deque()
-            for _ in range(self.steps_per_epoch):
+            for step in range(self.steps_per_epoch):
                 batch = list(itertools.islice(rows, self._batch_size))
                 jpegs, labels, weights, ids = zip(*batch)
                 labels, weights = np.array(labels, np.int64), np.array(weights, np.float32)
@@ -249,28 +303,84 @@ class TorchLoader:
                 if self._decode == "synthetic":
                     yield self._batch(self._synthetic_images(len(batch)), labels, weights, ids)
                     continue
-                out = np.empty((len(batch), size, size, 3), np.uint8)
-                jobs = [pool.submit(decode_into, out[i], jpeg, self._config,
-                                    None if draws is None else draws[i], bool(flips[i]))
-                        for i, jpeg in enumerate(jpegs)]
-                pending.append((jobs, out, labels, weights, ids))
+                pending.append((*submit(step, jpegs, draws, flips), labels, weights, ids))
                 if len(pending) > self._prefetch:
                     yield self._cpu_batch(*pending.popleft())
             while pending:
                 yield self._cpu_batch(*pending.popleft())
 
-    def _cpu_batch(self, jobs, out, labels, weights, ids):
+    @contextlib.contextmanager
+    def _cpu_decoding(self):
+        """One iteration's ``submit(step, jpegs, draws, flips) -> (outcomes,
+        out, shared)`` (``decode="cpu"``): ``outcomes()`` iterates over the
+        decoders' names (a thread's error raised at its image; a process's
+        a `DecodeFailure` in its place), ``out`` is the uint8 ``[n, size,
+        size, 3]`` array they write, ``shared`` whether it is a slot of the
+        decoding processes' ring (copied out before the batch is yielded:
+        the slot takes batch ``step + prefetch + 1``)."""
+        import numpy as np
+
+        size, config = self._config.image_size, self._config
+        if self._processes is None:
+            with ThreadPoolExecutor(self._threads) as pool:
+                def submit(step, jpegs, draws, flips):
+                    out = np.empty((len(jpegs), size, size, 3), np.uint8)
+                    jobs = [pool.submit(decode_into, out[i], jpeg, config,
+                                        None if draws is None else draws[i], bool(flips[i]))
+                            for i, jpeg in enumerate(jpegs)]
+                    return (lambda: (job.result() for job in jobs)), out, False
+
+                yield submit
+            return
+        decoders = self._decoding_processes()
+        ring = decoders.ring
+        with decoders.session():
+            def submit(step, jpegs, draws, flips):
+                slot = step % (self._prefetch + 1)
+                future = decoders.submit(slot, [
+                    (jpeg, None if draws is None else draws[i], bool(flips[i]))
+                    for i, jpeg in enumerate(jpegs)])
+                return (lambda: iter(future.result())), ring[slot, :len(jpegs)], True
+
+            yield submit
+
+    def _decoding_processes(self):
+        """The loader's `DecodeProcesses`, started on first use."""
+        from dist_dl.read.processes import DecodeProcesses
+
+        with self._decoders_lock:
+            if self._decoders is None:
+                self._decoders = DecodeProcesses(
+                    self._processes, rank=self._rank, config=self._config,
+                    slots=self._prefetch + 1, batch_size=self._batch_size)
+                weakref.finalize(self, self._decoders.close)
+            return self._decoders
+
+    def _cpu_batch(self, outcomes, out, shared, labels, weights, ids):
         import torch
 
-        for job, source_id in zip(jobs, ids):
+        from dist_dl.read.processes import DecodeFailure
+
+        names = outcomes()  # a decoding process that ended raises here, as itself
+        for source_id in ids:
             try:
-                self.decoded[job.result()] += 1
+                name = next(names)
+                if isinstance(name, DecodeFailure):
+                    raise name
+                self.decoded[name] += 1
             except Exception as exc:
+                why = exc.why if isinstance(exc, DecodeFailure) else f"{type(exc).__name__}: {exc}"
                 raise ValueError(f"rank {self._rank}: the image of row {source_id!r} does not "
-                                 f"decode ({type(exc).__name__}: {exc})") from exc
+                                 f"decode ({why})") from exc
         images = torch.from_numpy(out)
+        # A batch out of the decoding processes' ring is copied (pin_memory
+        # copies anyway): its slot takes a later batch, and the consumer may
+        # keep this one. About 60 us an image of 224 pixels into fresh
+        # memory, page faults included: a few percent of its decoding.
         if self._pin_memory and torch.cuda.is_available():
             images = images.pin_memory()
+        elif shared:
+            images = torch.from_numpy(out.copy())
         return self._batch(images.permute(0, 3, 1, 2), labels, weights, ids)
 
     def _batch(self, images, labels, weights, ids):
