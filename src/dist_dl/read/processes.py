@@ -225,7 +225,7 @@ class DecodeProcesses:
         """
         with self._lock:
             if self._failure is not None:
-                raise self._failure
+                raise self._failed()
             batch = self._next_batch
             self._next_batch += 1
             record = self._batches[batch] = _Batch(len(items))
@@ -291,23 +291,31 @@ class DecodeProcesses:
         for fd in (self._wake_r, self._wake_w, self._memory_fd):
             if fd is not None:
                 os.close(fd)
-        self.ring = None
-        if self._map is not None:
-            with contextlib.suppress(BufferError):  # a view still alive: unmapped when collected
-                self._map.close()
+        # Not mmap.close(): numpy's views of the ring (a batch being copied
+        # out) keep no buffer export that would stop it, and would read
+        # unmapped memory. The mapping goes with the last view.
+        self.ring = self._map = None
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"!")
 
-    def _fail_locked(self, error: Exception) -> None:
+    def _failed(self) -> DecodeProcessError:
+        """A new exception of the pool's failure for each raise: one raised
+        over and over would gather every raising frame (and the ring's views
+        in them) in its traceback."""
+        error = DecodeProcessError(*self._failure.args)
+        error.__cause__ = self._failure.__cause__
+        return error
+
+    def _fail_locked(self, error: DecodeProcessError) -> None:
         """Every batch not yet decoded fails with ``error`` (the first error
         stays the pool's); under the lock."""
         if self._failure is None:
             self._failure = error
         for batch in self._batches.values():
             if not batch.future.done():
-                batch.future.set_exception(self._failure)
+                batch.future.set_exception(self._failed())
         self._batches.clear()
         self._todo.clear()
         self._settled.notify_all()
