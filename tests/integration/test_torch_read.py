@@ -5,8 +5,10 @@ transforms against the TensorFlow reader's on the same photographs; and the
 torch path in a Python without TensorFlow."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,6 +109,116 @@ def test_a_loader_closed_early_stops_its_thread_and_an_error_reaches_the_consume
     broken._batches = lambda epoch: (_ for _ in ()).throw(OSError("the shard went away"))
     with pytest.raises(OSError, match="the shard went away"):
         next(iter(broken))
+
+
+def _reaped_and_unmapped(pids):
+    """The decoding processes ``pids`` are reaped (no longer children of
+    this process, not even as zombies), and no shared memory of theirs is
+    still mapped or open here or left in /dev/shm."""
+    import gc
+    import os
+
+    import psutil
+
+    gc.collect()  # the frames of tracebacks in reference cycles, and the ring's views in them
+    assert pids and not set(pids) & {p.pid for p in psutil.Process().children()}
+    maps = open("/proc/self/maps").read()
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert "dist_dl-loader-batches" not in maps + "".join(fds)
+    assert not [name for name in os.listdir("/dev/shm") if "dist_dl" in name]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("training", [True, False])
+def test_decoding_processes_give_the_decoding_threads_batches_byte_for_byte(shards, training):
+    url, _ = shards
+    options = dict(training=training, config=SMALL, seed=7, with_weights=True,
+                   include_source_id=True, prefetch=1)
+    threads = make_loader(url, 0, 2, 2, threads=2, **options)
+    expected = _epochs(threads, 1)
+    threads.set_epoch(2)
+    expected += _epochs(threads, 1)
+    with make_loader(url, 0, 2, 2, decode_processes=2, **options) as loader:
+        # The batches are kept as they come (numpy views, not copies): a
+        # batch yielded out of a slot that the next batches overwrite would
+        # differ from the threads' by the epoch's end.
+        got = _epochs(loader, 1)
+        pids, counted = loader.decode_pids, collections.Counter(loader.decoded)
+        batches = iter(loader)  # epoch 1, left after its first batch
+        next(batches)
+        # Still under way: of its 4 batches, the second is queued (prefetch=1)
+        # and the third waits for room, its iteration's slots in use.
+        assert len(loader) == 4
+        with pytest.raises(RuntimeError, match="rank 0: this loader is already being iterated"):
+            next(iter(loader))
+        batches.close()
+        loader.set_epoch(2)  # the refused iteration took epoch 2's number
+        before = collections.Counter(loader.decoded)
+        got += _epochs(loader, 1)  # epoch 2, the same processes and slots
+        assert loader.decode_pids == pids and len(pids) == 2
+        counted += loader.decoded - before
+        batches = iter(loader)
+        next(batches)
+        loader.close()  # under way: what is decoded comes, then the error; no crash, no hang
+        try:
+            assert len(list(batches)) <= 3
+        except RuntimeError as exc:
+            assert "rank 0: the loader's decoding processes are closed" in str(exc)
+        assert loader.decode_pids == ()
+    for want, have in zip(expected, got, strict=True):
+        for (x, y, w, ids), (x2, y2, w2, ids2) in zip(want, have, strict=True):
+            assert ids == ids2 and np.array_equal(y, y2) and np.array_equal(w, w2)
+            assert x.dtype == x2.dtype and x.shape == x2.shape and x.tobytes() == x2.tobytes()
+    assert counted == threads.decoded  # in epochs 0 and 2, image by image
+    _reaped_and_unmapped(pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_decoding_process_that_dies_stops_the_loader_with_an_error_naming_it(shards):
+    import os
+    import signal
+
+    url, _ = shards
+    loader = make_loader(url, 0, 1, 2, config=SMALL, seed=1, decode_processes=1, prefetch=1)
+    batches = iter(loader)
+    next(batches)
+    (pid,) = loader.decode_pids
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"rank 0: decoding process 1 of 1 \(pid \d+\) was "
+                                           r"killed by signal SIGKILL; the loader stops"):
+        for _ in batches:
+            pass
+    with pytest.raises(RuntimeError, match="was killed by signal SIGKILL"):
+        next(iter(loader))  # and stays stopped
+    loader.close()
+    _reaped_and_unmapped((pid,))
+
+
+@pytest.mark.timeout(120)
+def test_an_image_that_does_not_decode_in_a_process_is_named_as_by_the_threads(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from dist_dl.prepare.schema import arrow_schema
+
+    good = io.BytesIO()
+    Image.fromarray(np.full((20, 20, 3), 90, np.uint8)).save(good, "JPEG")
+    rows = {"image": [good.getvalue(), b"not a jpeg"], "label": [0, 1], "label_name": ["a", "b"],
+            "source_id": ["good.jpg", "broken.jpg"], "height": [20, 0], "width": [20, 0]}
+    pq.write_table(pa.table(rows, schema=arrow_schema()), tmp_path / "part-0.parquet")
+    errors, counts = [], []
+    for options in ({}, {"decode_processes": 1}):
+        loader = make_loader(str(tmp_path), 0, 1, 2, training=False, config=SMALL, **options)
+        with loader, pytest.raises(ValueError, match="rank 0: the image of row 'broken.jpg' "
+                                                     r"does not decode \(UnidentifiedImageError"
+                                   ) as raised:
+            next(iter(loader))
+        # Pillow's message names its BytesIO object by its address.
+        errors.append(re.sub(r"0x[0-9a-f]+", "0x...", str(raised.value)))
+        counts.append(loader.decoded)
+    assert errors[0] == errors[1] and counts[0] == counts[1] and sum(counts[0].values()) == 1
 
 
 @pytest.mark.timeout(300)
