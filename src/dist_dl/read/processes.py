@@ -27,7 +27,9 @@ default) does not apply.
 
 A process that ends (killed, out of memory, its import failing) fails every
 batch not yet decoded with an error naming the rank, the process and how it
-ended, with the last lines it wrote; a dispatching thread watches the
+ended, with the last lines it wrote (its stdout and stderr go to a
+temporary file of its own: the notes nvimgcodec prints on import, once per
+process, stay out of the training's log); a dispatching thread watches the
 processes, so a consumer never waits on a process that is gone. A process
 whose loading process is gone (its job pipe at its end) exits.
 """
@@ -145,12 +147,19 @@ class DecodeProcesses:
 
     Raises:
         OSError: a process or the shared memory could not be made.
+        RuntimeError: no Python interpreter to start (``sys.executable``
+            empty, as in an embedded Python).
     """
 
     def __init__(self, count: int, *, rank: int, config, slots: int, batch_size: int):
         import mmap
 
         import numpy as np
+
+        if not sys.executable:
+            raise RuntimeError(f"rank {rank}: decode_processes starts Python interpreters, and "
+                               "sys.executable names none here (an embedded Python): decode in "
+                               "threads instead (leave decode_processes out)")
 
         size = config.image_size
         shape = (slots, batch_size, size, size, 3)
