@@ -7,9 +7,10 @@ and all ranks together read every row once per epoch with weight 1.
 
 Images leave the loader as uint8 ``[batch, 3, size, size]`` (NCHW shape,
 channels-last memory: a view of the ``[batch, size, size, 3]`` array the
-decoders wrote): a quarter of float32's bytes to copy to the GPU, and no CPU
-time spent on normalising. The model normalises as its first step, on its
-device (`Normalize`).
+decoding threads wrote, or of a copy of the shared slot that decoding
+processes wrote, `dist_dl.read.processes`): a quarter of float32's bytes to
+copy to the GPU, and no CPU time spent on normalising. The model normalises
+as its first step, on its device (`Normalize`).
 
 Imports torch only when a loader is made or iterated (its argument errors
 come first, from plain Python), and never TensorFlow.
