@@ -12,8 +12,8 @@ processes.
 
 How the processes start: ``python -c`` of this module's `main()`, made by
 ``subprocess`` (fork and exec at once), not by ``multiprocessing``. Nothing
-of the loading process carries over but its environment and three file
-descriptors, so it is safe where torch's or any other threads already run
+of the loading process carries over but its environment, working folder,
+CPU affinity and three file descriptors, so it is safe where torch's or any other threads already run
 (a fork without exec is not), inside a Spark task and in a worker forked
 from the library's fork server alike; and the loading process's
 ``__main__`` is not imported again, as ``multiprocessing``'s "spawn" and
@@ -57,9 +57,9 @@ _HEADER = struct.Struct("<Q")
 _AHEAD = 2
 # How long a closed process gets to exit before it is killed.
 _GRACE = 5.0
-# The start of each process: the folder dist_dl was imported from goes first
-# on its path where its own interpreter would not find it there (a zip of
-# Spark's --py-files, a source folder added at run time).
+# The start of each process: the folder this dist_dl was imported from goes
+# first on its sys.path unless it is on it already (a zip of Spark's
+# --py-files, a source folder added to sys.path at run time).
 _BOOT = ("import sys; root = sys.argv[1]; sys.path[:0] = [] if root in sys.path else [root]; "
          "from dist_dl.read.processes import main; main(sys.argv[2:])")
 
