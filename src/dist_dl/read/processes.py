@@ -276,6 +276,12 @@ class DecodeProcesses:
     def close(self) -> None:
         """End the processes (waited for), the dispatching thread and the
         shared memory; batches not yet decoded fail. Idempotent."""
+        if self._thread is threading.current_thread():
+            # The loader collected in the dispatching thread (a cycle, with
+            # this pool's lock perhaps held there): closed from a thread of
+            # its own, which that thread's end lets go on.
+            threading.Thread(target=self.close, name="dist_dl-decode-close", daemon=True).start()
+            return
         with self._lock:
             if self._closed:
                 return
@@ -283,7 +289,7 @@ class DecodeProcesses:
             self._fail_locked(DecodeProcessError(
                 f"rank {self._rank}: the loader's decoding processes are closed"))
         self._wake()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None:
             self._thread.join()
         for process in self._processes:
             os.close(process.jobs)
