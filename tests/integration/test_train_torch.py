@@ -131,10 +131,15 @@ def test_the_logged_model_scores_like_transform_also_where_dist_dl_is_not_instal
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_torch_workers_at_half_batch_take_the_same_steps_as_one(shards, store, tmp_path):
+def test_two_torch_workers_at_half_batch_take_the_same_steps_as_one(shards, store, tmp_path,
+                                                                    capfd):
     common = dict(engine="torch", backend="local", model=train_hooks.plain_torch_cnn, epochs=2,
                   tracking_uri=store, output_dir=str(tmp_path), **EXACT)
     one = train_distributed(shards, num_workers=1, batch_size=8, learning_rate=0.1, **common)
+    # One worker on two cores decodes in two processes, two workers (a core
+    # each) in a thread each: the same images, so the same steps.
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "training images decoded in 2 processes a worker" in capfd.readouterr().out
     two = train_distributed(shards, num_workers=2, batch_size=4, learning_rate=0.05, **common)
     assert MlflowClient(store).get_run(two.run_id).data.params["steps_per_epoch"] == "3"
     difference = _max_difference(_state(one), _state(two))

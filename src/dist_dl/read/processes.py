@@ -13,10 +13,10 @@ processes.
 How the processes start: ``python -c`` of this module's `main()`, made by
 ``subprocess`` (fork and exec at once), not by ``multiprocessing``. Nothing
 of the loading process carries over but its environment, working folder,
-CPU affinity and three file descriptors, so it is safe where torch's or any other threads already run
-(a fork without exec is not), inside a Spark task and in a worker forked
-from the library's fork server alike; and the loading process's
-``__main__`` is not imported again, as ``multiprocessing``'s "spawn" and
+CPU affinity and three file descriptors, so it is safe where torch's or any
+other threads already run (a fork without exec is not), inside a Spark
+task and in a worker forked from the library's fork server alike; and the
+loading process's ``__main__`` is not imported again, as ``multiprocessing``'s "spawn" and
 "forkserver" methods do (a training script without a ``__main__`` guard
 would run again in every decoding process).
 
@@ -205,6 +205,19 @@ class DecodeProcesses:
     @property
     def pids(self) -> tuple[int, ...]:
         return tuple(p.popen.pid for p in self._processes)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user and system) the running processes have used."""
+        import psutil
+
+        total = 0.0
+        for process in self._processes:
+            try:
+                times = psutil.Process(process.popen.pid).cpu_times()
+            except psutil.Error:  # it has ended (its error is the loader's)
+                continue
+            total += times.user + times.system
+        return total
 
     def _start(self, index: int, init) -> None:
         # The folder that holds this copy of dist_dl (.../dist_dl/read/processes.py).

@@ -241,6 +241,12 @@ class TorchLoader:
         decoders = self._decoders
         return () if decoders is None else decoders.pids
 
+    def decode_cpu_seconds(self) -> float:
+        """CPU seconds the decoding processes (``decode_processes``) have
+        used so far: 0.0 with threads, whose time is this process's."""
+        decoders = self._decoders
+        return 0.0 if decoders is None else decoders.cpu_seconds()
+
     def close(self) -> None:
         """End the decoding processes (``decode_processes``) and free their
         shared memory; a later iteration starts new ones. Nothing to do with

@@ -69,15 +69,17 @@ def input_wait_fraction(waits, times: "StepTimes") -> float | None:
 
 
 class StepTimes:
-    """Ends of training steps: wall-clock and this process's CPU seconds."""
+    """Ends of training steps: wall-clock and CPU seconds (this process's,
+    or what ``cpu_clock`` counts: with the loader's decoding processes)."""
 
-    def __init__(self):
+    def __init__(self, cpu_clock=time.process_time):
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self._cpu_clock = cpu_clock
 
     def record(self) -> None:
         self.wall.append(time.perf_counter())
-        self.cpu.append(time.process_time())
+        self.cpu.append(self._cpu_clock())
 
     def clear(self) -> None:
         self.wall.clear()
@@ -100,7 +102,7 @@ class StepTimes:
         return None if window is None else window[0] * images_per_step / window[1]
 
     def cpu_per_second(self, skip: int = 1) -> float | None:
-        """This process's CPU seconds per wall second over the same steps."""
+        """CPU seconds per wall second over the same steps."""
         window = self._window(skip)
         if window is None:
             return None

@@ -130,7 +130,7 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from dist_dl.read.torchdata import Normalize, make_loader
+    from dist_dl.read.torchdata import Normalize, decode_threads, make_loader
     from dist_dl.train.checkpoint import CheckpointManager
     from dist_dl.train.models_torch import build_torch_model
     from dist_dl.train.schedule import WarmupScaledRates
@@ -170,11 +170,21 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         from dist_dl.read.imaging import decoder_name
 
         rank0_log(rank, f"JPEGs decoded on the CPU by {decoder_name()}")
+    # A worker with two cores or more decodes its training images in as many
+    # processes (benchmarks/loader_scaling.py: on two cores 0.90 of twice one
+    # core's rate, against 0.84 in threads, which share the GIL with the
+    # thread that reads rows); with one core, in one thread of its own.
+    # Validation, a short pass, decodes in threads.
+    cores = decode_threads()
+    processes = cores if cfg.decode == "cpu" and cores >= 2 else None
     loader = make_loader(list(spec.train_files), rank, size, cfg.batch_size,
                          training=cfg.augment, shuffle=cfg.shuffle, config=reader,
                          steps_per_epoch=spec.reader_steps, seed=cfg.seed + rank,
                          epoch=initial_epoch, decode=cfg.decode, with_weights=True,
+                         decode_processes=processes,
                          pin_memory=on_gpu, device=device if cfg.decode != "cpu" else None)
+    if processes:
+        rank0_log(rank, f"training images decoded in {processes} processes a worker")
     val_loader = (make_loader(list(spec.val_files), rank, size, cfg.batch_size, training=False,
                               config=reader, steps_per_epoch=spec.val_steps, decode=cfg.decode,
                               with_weights=True, pin_memory=on_gpu,
@@ -184,7 +194,9 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         if autocast_dtype is not None else contextlib.nullcontext
     global_batch = cfg.batch_size * size
     progress = _Progress(rank, cfg.epochs, spec.train_steps, global_batch)
-    times, waits = StepTimes(), InputWaits()
+    # The steps' CPU seconds: this process's and its decoding processes'.
+    times = StepTimes(cpu_clock=lambda: time.process_time() + loader.decode_cpu_seconds())
+    waits = InputWaits()
     input_bound = InputBoundWarning(lambda fraction: _warn_input_bound(rank, fraction, cfg,
                                                                        on_gpu))
 
@@ -194,73 +206,74 @@ def _train(spec: WorkerSpec, cfg, rank: int, size: int, device):
         return (images.to(device, non_blocking=True, memory_format=memory),
                 labels.to(device, non_blocking=True), weights.to(device, non_blocking=True))
 
-    for epoch in range(initial_epoch, cfg.epochs):
-        started = time.perf_counter()
-        ddp.train()
-        sums = torch.zeros(4, dtype=torch.float64, device=device)
-        rejected = loader.decoded["region_rejected"]
-        times.clear()
-        waits.clear()
-        loader.set_epoch(epoch)
-        batches = iter(loader)
-        try:
-            for index in range(spec.train_steps):
-                waits.ask()
-                batch = next(batches)
-                waits.got()
-                images, labels, weights = to_device(batch)
-                for group in optimizer.param_groups:
-                    group["lr"] = rate(step)
-                with autocast():
-                    logits = ddp(images)
-                losses = F.cross_entropy(logits.float(), labels, reduction="none")
-                # Keras' weighted loss: a sum over the batch's rows / rows.
-                loss = (losses * weights).mean()
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                step += 1
-                with torch.no_grad():
-                    correct = (logits.argmax(-1) == labels).to(weights.dtype)
-                    sums[:3] += torch.stack([(losses.detach() * weights).sum(),
-                                             (correct * weights).sum(), weights.sum()]).double()
-                progress.step(epoch)
-                # The steps are timed between their ends: on a GPU, the first
-                # and the last when their work is done.
-                if on_gpu and index in (0, spec.train_steps - 1):
-                    torch.cuda.synchronize(device)
-                times.record()
-        finally:
-            batches.close()
-        # Images the region decoder refused this epoch (decoded whole instead), all ranks.
-        sums[3] = loader.decoded["region_rejected"] - rejected
-        dist.all_reduce(sums)
-        logs = {"loss": float(sums[0] / sums[2]), "accuracy": float(sums[1] / sums[2]),
-                "learning_rate": rate(step)}
-        if cfg.decode == "cpu":
-            logs["train_region_decode_rejected"] = float(sums[3])
-        images_per_second = times.rate(global_batch)
-        if images_per_second is not None:
-            logs["train_images_per_second"] = images_per_second
-            logs["train_cpu_per_second"] = times.cpu_per_second()
-            # From the first step's end: its wait fills the pipeline.
-            logs["train_input_wait_fraction"] = input_wait_fraction(waits, times)
-            input_bound(logs["train_input_wait_fraction"])
-        if val_loader is not None:
-            logs.update(_validate(ddp, val_loader, to_device, autocast, device))
-        if rank == 0:
-            manager.save_torch({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                                "scaler": scaler.state_dict(), "step": step, "epoch": epoch + 1},
-                               epoch + 1, metadata={"run_id": spec.run_id})
-            seconds = time.perf_counter() - started
-            logs["epoch_seconds"] = seconds
-            logs["images_per_second"] = global_batch * spec.train_steps / seconds
-            _log_metrics(spec, logs, epoch + 1)
-        progress.epoch_end(epoch, logs)
-        # No rank runs ahead of rank 0's checkpoint: a failure in the next
-        # epoch resumes after this one on every rank.
-        dist.barrier()
+    with loader:  # its decoding processes end with the training, however it ends
+        for epoch in range(initial_epoch, cfg.epochs):
+            started = time.perf_counter()
+            ddp.train()
+            sums = torch.zeros(4, dtype=torch.float64, device=device)
+            rejected = loader.decoded["region_rejected"]
+            times.clear()
+            waits.clear()
+            loader.set_epoch(epoch)
+            batches = iter(loader)
+            try:
+                for index in range(spec.train_steps):
+                    waits.ask()
+                    batch = next(batches)
+                    waits.got()
+                    images, labels, weights = to_device(batch)
+                    for group in optimizer.param_groups:
+                        group["lr"] = rate(step)
+                    with autocast():
+                        logits = ddp(images)
+                    losses = F.cross_entropy(logits.float(), labels, reduction="none")
+                    # Keras' weighted loss: a sum over the batch's rows / rows.
+                    loss = (losses * weights).mean()
+                    optimizer.zero_grad(set_to_none=True)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    step += 1
+                    with torch.no_grad():
+                        correct = (logits.argmax(-1) == labels).to(weights.dtype)
+                        sums[:3] += torch.stack([(losses.detach() * weights).sum(),
+                                                 (correct * weights).sum(), weights.sum()]).double()
+                    progress.step(epoch)
+                    # The steps are timed between their ends: on a GPU, the first
+                    # and the last when their work is done.
+                    if on_gpu and index in (0, spec.train_steps - 1):
+                        torch.cuda.synchronize(device)
+                    times.record()
+            finally:
+                batches.close()
+            # Images the region decoder refused this epoch (decoded whole instead), all ranks.
+            sums[3] = loader.decoded["region_rejected"] - rejected
+            dist.all_reduce(sums)
+            logs = {"loss": float(sums[0] / sums[2]), "accuracy": float(sums[1] / sums[2]),
+                    "learning_rate": rate(step)}
+            if cfg.decode == "cpu":
+                logs["train_region_decode_rejected"] = float(sums[3])
+            images_per_second = times.rate(global_batch)
+            if images_per_second is not None:
+                logs["train_images_per_second"] = images_per_second
+                logs["train_cpu_per_second"] = times.cpu_per_second()
+                # From the first step's end: its wait fills the pipeline.
+                logs["train_input_wait_fraction"] = input_wait_fraction(waits, times)
+                input_bound(logs["train_input_wait_fraction"])
+            if val_loader is not None:
+                logs.update(_validate(ddp, val_loader, to_device, autocast, device))
+            if rank == 0:
+                state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scaler": scaler.state_dict(), "step": step, "epoch": epoch + 1}
+                manager.save_torch(state, epoch + 1, metadata={"run_id": spec.run_id})
+                seconds = time.perf_counter() - started
+                logs["epoch_seconds"] = seconds
+                logs["images_per_second"] = global_batch * spec.train_steps / seconds
+                _log_metrics(spec, logs, epoch + 1)
+            progress.epoch_end(epoch, logs)
+            # No rank runs ahead of rank 0's checkpoint: a failure in the next
+            # epoch resumes after this one on every rank.
+            dist.barrier()
 
     if rank != 0:
         return None
