@@ -112,10 +112,6 @@ PY     := $(VENV)/bin/python
 # so they take turns, holding a lock on setup.py (util-linux's flock).
 EDITABLE := flock setup.py
 PIP    := $(PY) -m pip
-# --no-compile: pip byte-compiles every module it installs (about 40,000 in an
-# environment with TensorFlow and torch: 80 CPU-s of its install); Python
-# compiles the modules a process imports, once, when it first imports them.
-INSTALL := install --quiet --no-compile
 # An environment's stamp names the profile it holds. One that holds another
 # profile's stamp (a checkout whose default profile changed) is made anew:
 # installing over it would keep a Horovod built against another TensorFlow.
@@ -151,14 +147,14 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first; so does
 	# torch, whose CUDA build is GBs: the editable install below holds a lock
 	# that the environments installed side by side take in turns.
-	$(PIP) $(INSTALL) -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
-	$(if $(NO_DEPS),$(PIP) $(INSTALL) --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
+	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
+	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
 	# The build log says which cmake ran (the line starting "cmake version").
 	$(if $(HOROVOD),$(HOROVOD_FLAGS) sh -c 'command -v cmake && cmake --version | head -1')
 	# --no-cache-dir: pip's wheel cache is shared by every environment of the machine
 	# and knows nothing of the TensorFlow a cached Horovod was built against.
-	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) $(INSTALL) --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
-	$(EDITABLE) $(PIP) $(INSTALL) --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
+	$(EDITABLE) $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
 	touch $(STAMP)
 
@@ -174,8 +170,8 @@ $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 	$(PYTHON_CHECK)
 	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
-	$(UNIT_PY) -m pip $(INSTALL) -c $(CONSTRAINTS) setuptools
-	$(EDITABLE) $(UNIT_PY) -m pip $(INSTALL) --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
+	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools
+	$(EDITABLE) $(UNIT_PY) -m pip install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
 	touch $(UNIT_STAMP)
 
 demo: $(STAMP)
