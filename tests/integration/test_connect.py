@@ -7,9 +7,9 @@ the workers' output, the failing rank named with its traceback, the
 timeout, the task slots checked before any stage, nothing left running,
 ``train_distributed`` retried from its checkpoint and its model's
 ``transform``; the tf.distribute runners, ``train_ensemble`` and its
-``transform`` and ``prepare_image_dataset`` on the session's executors; and
-the one step that needs the classic SparkContext (``search``) refused before
-any work, naming the session kind.
+``transform``, ``prepare_image_dataset`` and the search on the session's
+executors; and what needs a classic session (the search's early stopping)
+refused before any work, naming the session kind.
 """
 from __future__ import annotations
 
@@ -157,9 +157,41 @@ def test_slots_are_checked_and_the_classic_only_step_refused_before_any_work(con
 
     from dist_dl.search import Uniform, search
 
-    with pytest.raises(ClassicSessionRequired, match=r"^search\(\) .*Spark Connect session"):
+    with pytest.raises(ClassicSessionRequired, match=r"^search\(early_stopping='median'\) "
+                       r".*Spark Connect session.*Pass early_stopping=None"):
         search(lambda params, reporter: 0.0, {"x": Uniform(0, 1)}, max_trials=1,
                max_concurrent=1, spark=connect, tracking_uri=(tmp_path / "mlruns").as_uri())
+
+
+def quadratic(params, reporter):
+    """A trial: three reports on the way to (x - 0.3)^2."""
+    for step in range(3):
+        reporter.report((params["x"] - 0.3) ** 2 + (2 - step), step)
+    return (params["x"] - 0.3) ** 2
+
+
+@pytest.mark.timeout(420)
+def test_the_search_runs_on_the_connect_sessions_tasks_without_early_stopping(connect,
+                                                                               tmp_path):
+    """Trials as one-task jobs of the Connect session, two at a time; each
+    trial's reports come back with its outcome and are its MLflow metric
+    history, as a classic session logs them while it runs."""
+    from dist_dl.search import Uniform, search
+
+    store = (tmp_path / "mlruns").as_uri()
+    result = search(quadratic, {"x": Uniform(0, 1)}, max_trials=4, max_concurrent=2,
+                    early_stopping=None, seed=3, spark=connect, tracking_uri=store)
+    assert [t.status for t in result.trials] == ["completed"] * 4
+    assert result.best_value == min(t.value for t in result.trials)
+    assert abs(result.best_value - (result.best_params["x"] - 0.3) ** 2) < 1e-12
+    client = MlflowClient(store)
+    for trial in result.trials:
+        history = sorted((m.step, m.value) for m in client.get_metric_history(trial.run_id,
+                                                                            "objective"))
+        x = trial.params["x"]
+        assert [step for step, _ in history] == [0, 1, 2, 3], history
+        assert history[0][1] == pytest.approx((x - 0.3) ** 2 + 2)
+        assert trial.steps == 3
 
 
 @pytest.mark.timeout(420)

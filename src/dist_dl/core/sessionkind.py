@@ -169,13 +169,19 @@ def call_in_task(spark, fn, *args):
     if not is_connect(spark):
         return spark.sparkContext.parallelize([args], 1).map(lambda a: fn(*a)).collect()[0]
 
+    # Pickled here by cloudpickle (not pyspark's copy of it, which pickles the
+    # task): what the caller registered by value (cloudpickle.register_pickle_by_value)
+    # travels by value.
+    call = cloudpickle.dumps((fn, args))
+
     def task(batches):
         import pyarrow as pa
 
         for _ in batches:
             pass
-        yield pa.RecordBatch.from_arrays([pa.array([cloudpickle.dumps(fn(*args))], pa.binary())],
-                                         names=["result"])
+        function, arguments = cloudpickle.loads(call)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([cloudpickle.dumps(function(*arguments))], pa.binary())], names=["result"])
 
     (row,) = spark.range(0, 1, 1, 1).mapInArrow(task, "result binary").collect()
     return cloudpickle.loads(row.result)

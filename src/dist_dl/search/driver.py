@@ -7,6 +7,13 @@ sampler sees every finished trial before it proposes the next. While a trial
 runs, its reports reach a small TCP server on the driver, which applies the
 stopping rule and logs them to the trial's MLflow child run. Sampling and
 stopping are Optuna's; only MLflow and Spark are driven from here.
+
+From a Spark Connect session the trials are one-task jobs of the DataFrame
+API (`dist_dl.core.sessionkind.call_in_task`), each tagged, and their
+reports come back with the trial's outcome (a Connect client may be out of
+the executors' reach: Databricks Connect runs it on a laptop), so no
+stopping rule can act while a trial runs: there ``early_stopping`` must be
+None.
 """
 from __future__ import annotations
 
@@ -25,9 +32,9 @@ from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.integrity import signature_matches as _signature_matches
 from dist_dl.core.optional import require
 from dist_dl.core.redact import redact_secrets
-from dist_dl.core.session import job_group
 from dist_dl.core.settings import checked, setting
-from dist_dl.core.sessionkind import spark_context
+from dist_dl.core.sessionkind import (ClassicSessionRequired, call_in_task, configured_slots,
+                                      is_connect, session_jobs)
 from dist_dl.core.sparkconf import conf_value
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
@@ -210,6 +217,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
 
     Raises:
         ValueError: bad arguments (before any trial starts).
+        ClassicSessionRequired: ``early_stopping`` on a Spark Connect session
+            (before any trial starts): pass None there.
         SearchError: no trial completed.
     """
     import mlflow
@@ -236,13 +245,21 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         max_trials = len(grid)
 
     spark = spark or get_spark()
-    # The trials report to a server on the driver: a Connect client may be
-    # out of the executors' reach (Databricks Connect runs it on a laptop).
-    sc = spark_context(spark, "search() (its trials report each step to the driver)",
-                       "Run the search on a classic session (a dedicated cluster), or run each "
-                       "trial with TorchDistributor/TFDistributeRunner from this session.")
-    slots = task_slots(spark)
-    if max_concurrent > slots:
+    # A stopping rule acts on reports while trials run, which reach a server on
+    # the driver: a Connect client may be out of the executors' reach
+    # (Databricks Connect runs it on a laptop).
+    connect = is_connect(spark)
+    if connect and spec.early_stopping is not None:
+        raise ClassicSessionRequired(
+            f"search(early_stopping={spec.early_stopping!r}) stops trials on their reports "
+            "while they run, which reach a server on the driver, and this is a Spark Connect "
+            "session (on Databricks: serverless compute, standard access mode, Databricks "
+            "Connect), whose client the executors may not reach. Pass early_stopping=None "
+            "to search from this session (each trial's reports are logged when it ends), or "
+            "search from a classic session (a dedicated cluster).")
+    # A Connect client cannot ask the scheduler: what the configuration states, if anything.
+    slots = configured_slots(spark) if connect else task_slots(spark)
+    if slots is not None and max_concurrent > slots:
         warnings.warn(f"max_concurrent={max_concurrent} but the cluster has {slots} task slots "
                       "now; the extra trials wait for a slot", stacklevel=2)
 
@@ -268,7 +285,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
     token = secrets.token_hex(16)
     search_id = uuid.uuid4().hex[:8]
 
-    def on_report(message: dict) -> bool:
+    def on_report(message: dict) -> bool:  # classic sessions: while the trial runs
         number, step, value = int(message["trial"]), int(message["step"]), float(message["value"])
         with lock:
             if number not in running:
@@ -279,15 +296,16 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         client.log_metric(run_id, metric_name, value, step=step)
         return prune
 
-    host = conf_value(sc, "spark.driver.host") or "127.0.0.1"
-    # Bound to the driver's own address (loopback locally): executors reach
-    # it, nothing else needs to, and every message must be signed with the
-    # token (which itself never goes over this connection; see task.py).
-    server = _ReportServer((host, 0), _make_handler(on_report, token))
-    address = server.server_address[:2]
-    server_thread = threading.Thread(target=server.serve_forever, name="dist_dl-search-reports",
-                                     daemon=True)
-    server_thread.start()
+    server = address = None
+    if not connect:
+        host = conf_value(spark.sparkContext, "spark.driver.host") or "127.0.0.1"
+        # Bound to the driver's own address (loopback locally): executors reach
+        # it, nothing else needs to, and every message must be signed with the
+        # token (which itself never goes over this connection; see task.py).
+        server = _ReportServer((host, 0), _make_handler(on_report, token))
+        address = server.server_address[:2]
+        threading.Thread(target=server.serve_forever, name="dist_dl-search-reports",
+                         daemon=True).start()
 
     def one_trial() -> bool:
         with lock:
@@ -304,9 +322,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         group = f"dist_dl-search-{search_id}-trial-{otrial.number}"
         fn = _bind(train_fn, params, otrial.number, address, token)
         try:
-            with job_group(sc, group, f"dist_dl search trial {otrial.number}"):
-                lines = sc.parallelize([otrial.number], 1).mapPartitions(fn).collect()
-            record = json.loads(lines[0])
+            with session_jobs(spark, group, f"dist_dl search trial {otrial.number}"):
+                record = json.loads(call_in_task(spark, _trial_line, fn))
         except Exception as exc:  # noqa: BLE001 - the task itself died (e.g. out of memory)
             record = {"status": "failed", "value": None, "steps": 0, "start": None,
                       "end": None, "error": f"the Spark task failed: {exc}"[:_MAX_TAG]}
@@ -316,7 +333,11 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         for key in ("error", "traceback"):
             if record.get(key):
                 record[key] = redact_secrets(record[key])
+        # Reports that came back with the outcome (a Connect session's trials).
+        reports = record.get("reports") or []
         with lock:
+            for step, value in reports:
+                otrial.report(value, step)
             del running[otrial.number]
             state = {"completed": optuna.trial.TrialState.COMPLETE,
                      "pruned": optuna.trial.TrialState.PRUNED,
@@ -329,7 +350,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
                                        end=record["end"], run_id=run_id,
                                        error=record.get("error")))
         tags = [RunTag("dist_dl.trial_status", record["status"])]
-        metrics = []
+        metrics = [Metric(metric_name, value, int(time.time() * 1000), step)
+                   for step, value in reports]
         if record["start"] is not None:
             tags += [RunTag("dist_dl.task_start", repr(record["start"])),
                      RunTag("dist_dl.task_end", repr(record["end"]))]
@@ -358,16 +380,19 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
 
     try:
         # InheritableThread: PySpark's pinned-thread mode gives each Python
-        # thread its own JVM thread, so job groups do not leak between trials.
-        threads = [InheritableThread(target=worker, name=f"dist_dl-search-{i}")
+        # thread its own JVM thread, so job groups do not leak between trials;
+        # on Connect it hands the thread the session's tags (it needs the session).
+        on_session = {"session": spark} if connect else {}
+        threads = [InheritableThread(target=worker, name=f"dist_dl-search-{i}", **on_session)
                    for i in range(max_concurrent)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
-        server.shutdown()
-        server.server_close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     if errors:
         client.set_terminated(parent_id, "FAILED")
         raise errors[0]
@@ -390,6 +415,11 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
     client.set_terminated(parent_id, "FINISHED")
     return SearchResult(best_params=dict(best.params), best_value=best.value,
                         best_run_id=best.run_id, parent_run_id=parent_id, trials=tuple(records))
+
+
+def _trial_line(fn) -> str:
+    """In the trial's task: its one JSON line (``fn`` is `_bind()`'s)."""
+    return next(iter(fn(iter(()))))
 
 
 def _bind(train_fn, params, number, address, token):

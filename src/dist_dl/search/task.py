@@ -55,11 +55,15 @@ class Reporter:
         trial: This trial's number.
         last_value: The last value reported, or None.
         steps: How many values were reported.
+        kept: ``(step, value)`` of each report, where there is no driver to
+            send them to while the trial runs (``address`` None: a Spark
+            Connect session's trials); they go back with the outcome.
     """
 
-    def __init__(self, address: tuple[str, int], token: str, trial: int,
+    def __init__(self, address: tuple[str, int] | None, token: str, trial: int,
                  timeout: float = 60.0):
-        self._address = tuple(address)
+        self._address = None if address is None else tuple(address)
+        self.kept: list[tuple[int, float]] = []
         self._token = token
         self._timeout = timeout
         self.trial = trial
@@ -82,6 +86,9 @@ class Reporter:
         step = self.steps if step is None else int(step)
         self.last_value = value
         self.steps += 1
+        if self._address is None:
+            self.kept.append((step, value))
+            return
         message = {"trial": self.trial, "step": step, "value": value,
                    "nonce": secrets.token_hex(16)}
         message["mac"] = sign_report(self._token, message)
@@ -125,4 +132,5 @@ def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token
                       traceback=redact_secrets(traceback.format_exc()))
     record["end"] = time.time()
     record["steps"] = reporter.steps
+    record["reports"] = reporter.kept
     yield json.dumps(record)
