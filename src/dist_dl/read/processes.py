@@ -128,6 +128,7 @@ class _Process:
         self.inbox = bytearray()    # bytes read from its result pipe, not yet a whole frame
         self.sent = collections.deque()  # tags of the chunks sent, in order
         self.writing = False        # registered for EVENT_WRITE
+        self.usage = None           # its psutil.Process, made on the first cpu_seconds()
 
     def last_output(self, limit: int = 3000) -> str:
         """The end of what the process wrote (stdout and stderr); read only
@@ -207,13 +208,17 @@ class DecodeProcesses:
         return tuple(p.popen.pid for p in self._processes)
 
     def cpu_seconds(self) -> float:
-        """CPU seconds (user and system) the running processes have used."""
+        """CPU seconds (user and system) the running processes have used (the
+        torch engine asks after every training step: one read of each
+        process's /proc entry, through a handle made once)."""
         import psutil
 
         total = 0.0
         for process in self._processes:
             try:
-                times = psutil.Process(process.popen.pid).cpu_times()
+                if process.usage is None:
+                    process.usage = psutil.Process(process.popen.pid)
+                times = process.usage.cpu_times()
             except psutil.Error:  # it has ended (its error is the loader's)
                 continue
             total += times.user + times.system
