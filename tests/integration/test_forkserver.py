@@ -133,6 +133,25 @@ def test_one_server_per_import_key_kept_side_by_side_and_none_ended_under_runnin
         worker.wait(30)
 
 
+@pytest.mark.timeout(120)
+def test_a_launch_before_and_one_after_the_launcher_imports_tensorflow_share_a_server(tmp_path):
+    pytest.importorskip("tensorflow")
+    # What TensorFlow's import writes into os.environ (TF2_BEHAVIOR,
+    # TPU_ML_PLATFORM) is what the server's own import writes: no part of the key.
+    written = ("TF2_BEHAVIOR", "TPU_ML_PLATFORM")
+    before = {k: v for k, v in _env().items() if k not in written}
+    first = forkserver.start("forked_probe", [str(tmp_path / "a.json"), "0"], before, "tensorflow")
+    assert first.wait(60) == 0
+    [server] = _servers()
+    after = {**before, "TF2_BEHAVIOR": "1", "TPU_ML_PLATFORM": "Tensorflow"}
+    second = forkserver.start("forked_probe", [str(tmp_path / "b.json"), "0"], after, "tensorflow")
+    assert second.wait(60) == 0 and _servers() == [server]
+    # What an import reads still makes a key of its own.
+    other = forkserver.start("forked_probe", [str(tmp_path / "c.json"), "0"],
+                             {**after, "PROBE_SETTING": "other"}, "tensorflow")
+    assert other.wait(60) == 0 and len(_servers()) == 2
+
+
 @pytest.mark.timeout(60)
 def test_workers_that_use_a_gpu_or_are_told_not_to_start_as_new_interpreters(tmp_path, monkeypatch):
     args = [str(tmp_path / "p.json"), "0"]

@@ -74,6 +74,12 @@ _PER_LAUNCH = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", 
                "CUDA_VISIBLE_DEVICES",
                # pytest's name of the running test
                "PYTEST_CURRENT_TEST")
+# What importing a framework writes into os.environ, whatever was there
+# (tensorflow/__init__.py and tensorflow/python/tpu/__init__.py assign these):
+# the server's own import writes the same, so they are no part of what its
+# imports read, and a launch made before the launching process imported the
+# framework shares the server of one made after.
+_SET_BY_IMPORT = {"tensorflow": ("TF2_BEHAVIOR", "TPU_ML_PLATFORM")}
 # In the order a server imports them: torch before TensorFlow. TensorFlow's
 # libtensorflow_framework exports its own copy of libstdc++'s
 # std::random_device, which torch's binds to when TensorFlow is loaded
@@ -312,7 +318,9 @@ def _import_env(env: dict) -> dict:
 
 
 def _key(env: dict, preload: list[str]) -> tuple:
-    return sys.executable, os.getcwd(), tuple(preload), tuple(sorted(_import_env(env).items()))
+    written = {name for framework in preload for name in _SET_BY_IMPORT.get(framework, ())}
+    read = {k: v for k, v in _import_env(env).items() if k not in written}
+    return sys.executable, os.getcwd(), tuple(preload), tuple(sorted(read.items()))
 
 
 def driver_switch() -> dict[str, str]:
