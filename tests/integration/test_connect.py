@@ -8,8 +8,7 @@ timeout, the task slots checked before any stage, nothing left running,
 ``train_distributed`` retried from its checkpoint and its model's
 ``transform``; the tf.distribute runners, ``train_ensemble`` and its
 ``transform``, ``prepare_image_dataset`` and the search on the session's
-executors; and what needs a classic session (the search's early stopping)
-refused before any work, naming the session kind.
+executors, its early stopping through the MLflow tracking store.
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 import train_hooks  # noqa: E402
 from dist_dl import (JobTimeout, NotEnoughSlots, TorchDistributor, WorkerError,  # noqa: E402
                      train_distributed)
-from dist_dl.core.sessionkind import ClassicSessionRequired, is_connect  # noqa: E402
+from dist_dl.core.sessionkind import is_connect  # noqa: E402
 from waits import workers_left  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -146,7 +145,7 @@ def test_a_failing_rank_is_named_and_a_timeout_stops_every_process(connect, serv
 
 
 @pytest.mark.timeout(120)
-def test_slots_are_checked_and_the_classic_only_step_refused_before_any_work(connect, tmp_path):
+def test_slots_and_arguments_are_checked_before_any_work(connect):
     with pytest.raises(NotEnoughSlots, match=r"^TorchDistributor\(num_processes=3, local_mode="
                        r"False\) needs 3 Spark tasks .*Connect session's cluster \(local\[2\]\) "
                        r"has 2 task slot"):
@@ -154,13 +153,6 @@ def test_slots_are_checked_and_the_classic_only_step_refused_before_any_work(con
                          spark=connect).run(sleep_long)
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount is unset.*use_gpu=False"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=True, spark=connect)
-
-    from dist_dl.search import Uniform, search
-
-    with pytest.raises(ClassicSessionRequired, match=r"^search\(early_stopping='median'\) "
-                       r".*Spark Connect session.*Pass early_stopping=None"):
-        search(lambda params, reporter: 0.0, {"x": Uniform(0, 1)}, max_trials=1,
-               max_concurrent=1, spark=connect, tracking_uri=(tmp_path / "mlruns").as_uri())
 
 
 def quadratic(params, reporter):
@@ -192,6 +184,49 @@ def test_the_search_runs_on_the_connect_sessions_tasks_without_early_stopping(co
         assert [step for step, _ in history] == [0, 1, 2, 3], history
         assert history[0][1] == pytest.approx((x - 0.3) ** 2 + 2)
         assert trial.steps == 3
+
+
+def far_off_is_hopeless(params, reporter):
+    """A trial: eight reports, 0.4 s apart; x above 1 is hopeless from the first."""
+    import time
+
+    for step in range(8):
+        time.sleep(0.4)
+        reporter.report(1 / (step + 1) + (100 if params["x"] > 1 else 0), step)
+    return (params["x"] - 0.3) ** 2
+
+
+@pytest.mark.timeout(420)
+def test_early_stopping_on_connect_stops_hopeless_trials_through_the_tracking_store(connect,
+                                                                                   tmp_path):
+    """With a stopping rule on a Connect session the trials log their reports
+    to their MLflow runs, the driver reads them there and stops a hopeless
+    trial with a tag of its run, which the trial's next report reads."""
+    from dist_dl.search import search
+
+    store = (tmp_path / "mlruns").as_uri()
+    # In grid order: the hopeless trials start when a good one has finished,
+    # which the median rule (one startup trial) compares them with.
+    result = search(far_off_is_hopeless, {"x": [0.3, 0.5, 5.0, 6.0]}, max_trials=4,
+                    max_concurrent=2, algorithm="grid", early_stopping="median",
+                    early_stopping_startup_trials=1, spark=connect, tracking_uri=store)
+    trials = {t.params["x"]: t for t in result.trials}
+    assert [trials[x].status for x in (0.3, 0.5, 5.0, 6.0)] == ["completed", "completed",
+                                                                "pruned", "pruned"], trials
+    assert result.best_params == {"x": 0.3} and result.best_value == 0
+    assert trials[0.3].steps == trials[0.5].steps == 8
+    assert all(trials[x].steps < 8 for x in (5.0, 6.0)), trials
+    client = MlflowClient(store)
+    for trial in result.trials:
+        run = client.get_run(trial.run_id)
+        steps = [m.step for m in client.get_metric_history(trial.run_id, "objective")]
+        if trial.status == "pruned":
+            assert run.info.status == "KILLED" and run.data.tags["dist_dl.prune"] == "true"
+            # Each report once, the one that learned of the stop included.
+            assert sorted(steps) == list(range(trial.steps)), steps
+        else:
+            assert run.info.status == "FINISHED" and "dist_dl.prune" not in run.data.tags
+            assert sorted(steps) == list(range(9)), steps  # and the final value at step 8
 
 
 @pytest.mark.timeout(420)

@@ -143,3 +143,52 @@ def test_the_token_is_not_sent_and_a_forged_answer_is_refused(scenario):
             forger.shutdown()
     assert len(seen) == 1 and b'"mac"' in seen[0] and token.encode() not in seen[0]
     s.figure("the token absent from the bytes sent; the forged answer refused")
+
+
+@pytest.mark.timeout(120)
+def test_a_reporter_logs_to_the_trials_run_and_stops_at_its_prune_tag(tmp_path):
+    """A Connect session's trial with a stopping rule: each report is a metric
+    of its MLflow run, and the run's prune tag (the driver's) stops it."""
+    import socket
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from dist_dl.search.task import PRUNE_TAG, Reporter, TrialPruned
+
+    store = (tmp_path / "mlruns").as_uri()
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    reporter = Reporter(None, "", trial=2, tracking=(store, run_id, "objective"))
+    reporter.report(3.0)
+    reporter.report(2.0)
+    client.set_tag(run_id, PRUNE_TAG, "true")
+    with pytest.raises(TrialPruned, match="trial 2 stopped early at step 2"):
+        reporter.report(1.0)
+    history = client.get_metric_history(run_id, "objective")
+    assert [(m.step, m.value) for m in history] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+    assert reporter.kept == [(0, 3.0), (1, 2.0), (2, 1.0)] and reporter.steps == 3
+
+    # A store the executors cannot reach fails the report, naming it (without
+    # its credentials), within MLflow's bounded retries.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    uri = f"http://user:pw@127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"^the executors cannot reach the tracking store "
+                       rf"http://127\.0\.0\.1:{port} .*or early_stopping=None$"):
+        Reporter(None, "", trial=0, tracking=(uri, run_id, "objective")).report(1.0)
+    assert time.monotonic() - started < 90
+
+
+def test_a_loopback_tracking_server_is_refused_where_executors_run_elsewhere():
+    from dist_dl.search.driver import _loopback_store
+
+    assert _loopback_store("http://localhost:5000", "local[2]") is None
+    assert _loopback_store("http://10.0.0.5:5000", "spark://host:7077") is None
+    assert _loopback_store("databricks", "") is None
+    for uri in ("http://localhost:5000", "https://u:p@127.0.0.1:5000/x", "http://[::1]:5000"):
+        problem = _loopback_store(uri, "spark://host:7077")
+        assert problem.startswith("the tracking server ") and "early_stopping=None" in problem
+        assert "u:p" not in problem

@@ -163,25 +163,34 @@ def default_parallelism(spark) -> int:
 
 def call_in_task(spark, fn, *args):
     """``fn(*args)`` computed in one Spark task, on either kind of session
-    (``fn``, its arguments and its result picklable)."""
+    (``fn``, its arguments and its result picklable).
+
+    ``fn`` and its arguments are pickled here by cloudpickle (not by
+    pyspark's copy of it, which pickles the task), on both kinds of session:
+    what the caller registered by value (``cloudpickle.register_pickle_by_value``)
+    travels by value.
+    """
     import cloudpickle
 
-    if not is_connect(spark):
-        return spark.sparkContext.parallelize([args], 1).map(lambda a: fn(*a)).collect()[0]
-
-    # Pickled here by cloudpickle (not pyspark's copy of it, which pickles the
-    # task): what the caller registered by value (cloudpickle.register_pickle_by_value)
-    # travels by value.
     call = cloudpickle.dumps((fn, args))
+    if not is_connect(spark):
+        return spark.sparkContext.parallelize([call], 1).map(_call).collect()[0]
 
     def task(batches):
         import pyarrow as pa
 
         for _ in batches:
             pass
-        function, arguments = cloudpickle.loads(call)
         yield pa.RecordBatch.from_arrays(
-            [pa.array([cloudpickle.dumps(function(*arguments))], pa.binary())], names=["result"])
+            [pa.array([cloudpickle.dumps(_call(call))], pa.binary())], names=["result"])
 
     (row,) = spark.range(0, 1, 1, 1).mapInArrow(task, "result binary").collect()
     return cloudpickle.loads(row.result)
+
+
+def _call(call: bytes):
+    """In the task: the result of the function and arguments pickled in ``call``."""
+    import cloudpickle
+
+    function, arguments = cloudpickle.loads(call)
+    return function(*arguments)

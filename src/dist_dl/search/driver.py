@@ -3,17 +3,23 @@
 ``max_concurrent`` driver threads each run a loop: ask the sampler for a
 configuration, run it as a Spark job of one task (its own job group), record
 the outcome. So at most ``max_concurrent`` trials run at once, and an adaptive
-sampler sees every finished trial before it proposes the next. While a trial
-runs, its reports reach a small TCP server on the driver, which applies the
-stopping rule and logs them to the trial's MLflow child run. Sampling and
-stopping are Optuna's; only MLflow and Spark are driven from here.
+sampler sees every finished trial before it proposes the next. From a
+classic session, while a trial runs, its reports reach a small TCP server on
+the driver, which applies the stopping rule and logs them to the trial's
+MLflow child run. Sampling and stopping are Optuna's; only MLflow and Spark
+are driven from here.
 
 From a Spark Connect session the trials are one-task jobs of the DataFrame
-API (`dist_dl.core.sessionkind.call_in_task`), each tagged, and their
-reports come back with the trial's outcome (a Connect client may be out of
-the executors' reach: Databricks Connect runs it on a laptop), so no
-stopping rule can act while a trial runs: there ``early_stopping`` must be
-None.
+API (`dist_dl.core.sessionkind.call_in_task`), each tagged, and a Connect
+client may be out of the executors' reach (Databricks Connect runs it on a
+laptop): no server on the driver. With a stopping rule the trials log their
+reports to their MLflow child runs themselves, a thread here reads the
+running trials' metric histories every `_POLL_SECONDS` and applies the rule,
+and a trial to stop gets the ``dist_dl.prune`` tag, which its next report
+reads (so the tracking store must be one both reach). Without one, each
+trial's reports come back with its outcome and are logged then. Either way
+the reports that come back with the outcome reach the Optuna study, each
+step once.
 """
 from __future__ import annotations
 
@@ -33,11 +39,13 @@ from dist_dl.core.integrity import signature_matches as _signature_matches
 from dist_dl.core.optional import require
 from dist_dl.core.redact import redact_secrets
 from dist_dl.core.settings import checked, setting
-from dist_dl.core.sessionkind import (ClassicSessionRequired, call_in_task, configured_slots,
-                                      is_connect, session_jobs)
+from dist_dl.core.sessionkind import (call_in_task, configured_slots, is_connect, session_jobs,
+                                      session_master)
 from dist_dl.core.sparkconf import conf_value
+from dist_dl.core.storage import check_shared
 from dist_dl.search import space as _space
 from dist_dl.search import task as _task
+from dist_dl.tracking.target import absolute_tracking_uri, store_folder
 from dist_dl.tracking.target import experiment_id as _experiment_id
 
 __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
@@ -46,6 +54,7 @@ __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
 ALGORITHMS = ("random", "grid", "tpe")
 EARLY_STOPPING = ("median", "hyperband", None)
 _MAX_TAG = 5000  # MLflow tag values are limited; keep errors well inside it.
+_POLL_SECONDS = 0.5  # Connect with a stopping rule: how often the reports are read
 _log = logging.getLogger(__name__)
 
 
@@ -202,7 +211,11 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         mode: ``"min"`` or ``"max"`` the metric.
         early_stopping: ``"median"`` (stop a trial whose report is worse than
             the median of finished trials at that step), ``"hyperband"``
-            (Optuna's bandit rule), or None.
+            (Optuna's bandit rule), or None. On a Spark Connect session the
+            trials log their reports to the tracking store, where the driver
+            reads them (every 0.5 s) and from where a stopped trial learns
+            it at its next report: the store must be one the client and the
+            executors both reach.
         early_stopping_startup_trials: Finished trials before the median rule acts.
         early_stopping_warmup_steps: Steps of each trial before it may be stopped.
         seed: Seed of the sampler.
@@ -216,9 +229,10 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         ``SearchResult`` with the best completed trial and every trial.
 
     Raises:
-        ValueError: bad arguments (before any trial starts).
-        ClassicSessionRequired: ``early_stopping`` on a Spark Connect session
-            (before any trial starts): pass None there.
+        ValueError: bad arguments (before any trial starts), among them, with
+            ``early_stopping`` on a Spark Connect session, a tracking store
+            the executors do not share (`dist_dl.core.storage.NotShared`
+            for a folder store, a loopback tracking server on a cluster).
         SearchError: no trial completed.
     """
     import mlflow
@@ -245,18 +259,20 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         max_trials = len(grid)
 
     spark = spark or get_spark()
-    # A stopping rule acts on reports while trials run, which reach a server on
-    # the driver: a Connect client may be out of the executors' reach
-    # (Databricks Connect runs it on a laptop).
+    # A relative store would be another one in the tasks' working directories.
+    uri = absolute_tracking_uri(tracking_uri or mlflow.get_tracking_uri())
     connect = is_connect(spark)
-    if connect and spec.early_stopping is not None:
-        raise ClassicSessionRequired(
-            f"search(early_stopping={spec.early_stopping!r}) stops trials on their reports "
-            "while they run, which reach a server on the driver, and this is a Spark Connect "
-            "session (on Databricks: serverless compute, standard access mode, Databricks "
-            "Connect), whose client the executors may not reach. Pass early_stopping=None "
-            "to search from this session (each trial's reports are logged when it ends), or "
-            "search from a classic session (a dedicated cluster).")
+    # A stopping rule acts on reports while trials run. A Connect client may be
+    # out of the executors' reach (Databricks Connect runs it on a laptop): the
+    # reports go through the tracking store, which both must reach.
+    polled = connect and spec.early_stopping is not None
+    if polled:
+        purpose = (f"search(early_stopping={spec.early_stopping!r}) on a Spark Connect "
+                   "session (its trials log their reports to the MLflow tracking store)")
+        problem = _loopback_store(uri, session_master(spark))
+        if problem:
+            raise ValueError(f"{purpose}: {problem}")
+        check_shared(spark, {"MLflow tracking store": store_folder(uri)}, purpose=purpose)
     # A Connect client cannot ask the scheduler: what the configuration states, if anything.
     slots = configured_slots(spark) if connect else task_slots(spark)
     if slots is not None and max_concurrent > slots:
@@ -269,7 +285,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         study.enqueue_trial(point)
 
     spark_ml_imported()  # before any parameter is logged (core.imports)
-    client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
+    client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(experiment_name, client)
     parent = client.create_run(experiment_id, run_name=run_name)
     parent_id = parent.info.run_id
@@ -280,6 +296,8 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
 
     lock = threading.Lock()
     running: dict[int, tuple] = {}  # trial number -> (optuna trial, MLflow run id)
+    told: dict[int, set] = {}  # trial number -> the steps its Optuna trial was told
+    stopping: set[int] = set()  # running trials whose prune tag is set (polled)
     records: list[TrialRecord] = []
     launched = [0]
     token = secrets.token_hex(16)
@@ -295,6 +313,44 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
             prune = otrial.should_prune()
         client.log_metric(run_id, metric_name, value, step=step)
         return prune
+
+    def tell(number: int, reports) -> int:
+        """Report the steps not reported yet to the trial's Optuna trial
+        (under ``lock``); how many were new."""
+        otrial, seen = running[number][0], told[number]
+        new = 0
+        for step, value in reports:
+            if step not in seen:
+                seen.add(step)
+                otrial.report(value, step)
+                new += 1
+        return new
+
+    def poll(stop: threading.Event) -> None:  # Connect with a rule: while trials run
+        failing = None
+        while not stop.wait(_POLL_SECONDS):
+            with lock:
+                watched = [(n, r) for n, (_, r) in running.items() if n not in stopping]
+            for number, run_id in watched:
+                try:
+                    history = sorted(client.get_metric_history(run_id, metric_name),
+                                     key=lambda m: m.step)  # stable: a step's first value
+                    with lock:
+                        prune = (number in running
+                                 and tell(number, [(m.step, m.value) for m in history]) > 0
+                                 and running[number][0].should_prune())
+                        if prune:
+                            stopping.add(number)
+                    if prune:
+                        client.set_tag(run_id, _task.PRUNE_TAG, "true")
+                except Exception as exc:  # noqa: BLE001 - the next poll tries again
+                    if repr(exc) != failing:
+                        _log.warning("search: reading trial %s's reports from %s failed "
+                                     "(tried again every %s s): %s", number, uri,
+                                     _POLL_SECONDS, exc)
+                    failing = repr(exc)
+                    with lock:
+                        stopping.discard(number)
 
     server = address = None
     if not connect:
@@ -317,10 +373,12 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
             run = client.create_run(experiment_id, run_name=f"trial-{otrial.number}", tags={
                 "mlflow.parentRunId": parent_id, "dist_dl.trial": str(otrial.number)})
             running[otrial.number] = (otrial, run.info.run_id)
+            told[otrial.number] = set()
         run_id = run.info.run_id
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
         group = f"dist_dl-search-{search_id}-trial-{otrial.number}"
-        fn = _bind(train_fn, params, otrial.number, address, token)
+        fn = _bind(train_fn, params, otrial.number, address, token,
+                   (uri, run_id, metric_name) if polled else None)
         try:
             with session_jobs(spark, group, f"dist_dl search trial {otrial.number}"):
                 record = json.loads(call_in_task(spark, _trial_line, fn))
@@ -333,12 +391,14 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         for key in ("error", "traceback"):
             if record.get(key):
                 record[key] = redact_secrets(record[key])
-        # Reports that came back with the outcome (a Connect session's trials).
+        # Reports that came back with the outcome (a Connect session's trials):
+        # those the poller has not read yet reach the study now.
         reports = record.get("reports") or []
         with lock:
-            for step, value in reports:
-                otrial.report(value, step)
+            tell(otrial.number, reports)
             del running[otrial.number]
+            del told[otrial.number]
+            stopping.discard(otrial.number)
             state = {"completed": optuna.trial.TrialState.COMPLETE,
                      "pruned": optuna.trial.TrialState.PRUNED,
                      "failed": optuna.trial.TrialState.FAIL}[record["status"]]
@@ -350,8 +410,9 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
                                        end=record["end"], run_id=run_id,
                                        error=record.get("error")))
         tags = [RunTag("dist_dl.trial_status", record["status"])]
+        # Logged by the trial itself where the driver polls them.
         metrics = [Metric(metric_name, value, int(time.time() * 1000), step)
-                   for step, value in reports]
+                   for step, value in ([] if polled else reports)]
         if record["start"] is not None:
             tags += [RunTag("dist_dl.task_start", repr(record["start"])),
                      RunTag("dist_dl.task_end", repr(record["end"]))]
@@ -370,6 +431,10 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         return True
 
     errors: list[BaseException] = []
+    stop_polling = threading.Event()
+    if polled:
+        threading.Thread(target=poll, args=(stop_polling,), name="dist_dl-search-poll",
+                         daemon=True).start()
 
     def worker():
         try:
@@ -390,6 +455,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
         for t in threads:
             t.join()
     finally:
+        stop_polling.set()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -422,8 +488,26 @@ def _trial_line(fn) -> str:
     return next(iter(fn(iter(()))))
 
 
-def _bind(train_fn, params, number, address, token):
+def _bind(train_fn, params, number, address, token, tracking):
     import functools
 
     return functools.partial(_task.run_trial, train_fn=train_fn, params=params, trial=number,
-                             address=address, token=token)
+                             address=address, token=token, tracking=tracking)
+
+
+def _loopback_store(uri: str, master: str) -> str | None:
+    """Why the executors cannot reach a tracking server ``uri`` (from a
+    Connect session of ``master``): one on the client's loopback address,
+    while the executors run on other hosts (a master not ``local...``); or
+    None."""
+    from urllib.parse import urlsplit
+
+    if not uri.startswith(("http:", "https:")) or master.startswith("local"):
+        return None
+    host = (urlsplit(uri).hostname or "").lower()
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return (f"the tracking server {urlsplit(uri).netloc.rpartition('@')[2]} is on this "
+                f"machine's loopback address, which the executors (master {master or 'unknown'}) "
+                "do not reach: use a tracking server both reach (on Databricks the "
+                "workspace's, tracking_uri='databricks'), or early_stopping=None")
+    return None

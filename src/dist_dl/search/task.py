@@ -1,9 +1,13 @@
 """What runs inside a Spark task: one trial, and the reporter it talks back with.
 
-A trial calls ``reporter.report(value)`` as it trains; each report goes to the
-driver over one short TCP connection (JSON, no pickle) and the driver answers
-whether to stop. A stopped trial raises ``TrialPruned`` out of ``report``; the
-trial runner records it.
+A trial calls ``reporter.report(value)`` as it trains. From a classic session
+each report goes to the driver over one short TCP connection (JSON, no
+pickle) and the driver answers whether to stop. From a Spark Connect session
+with a stopping rule (the executors may not reach the client) each report is
+a metric of the trial's MLflow run, and the driver, which reads the runs'
+metric histories, asks the trial to stop with the run's ``dist_dl.prune``
+tag (`PRUNE_TAG`), which ``report`` reads after logging. A stopped trial
+raises ``TrialPruned`` out of ``report``; the trial runner records it.
 
 The connection is plain TCP, so the per-search token never goes over it:
 each report carries a fresh nonce and an HMAC-SHA256 of its fields keyed
@@ -16,8 +20,10 @@ the task inside the Spark task (its closure), which Spark encrypts only with
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import secrets
 import socket
 import time
@@ -29,10 +35,15 @@ from dist_dl.core.integrity import sign, signature_matches
 from dist_dl.core.pyworker import prepare_python_worker
 from dist_dl.core.redact import redact_secrets
 
-__all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS"]
+__all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS", "PRUNE_TAG"]
 
 # The fields of a report that its HMAC covers (and the only ones read).
 REPORT_FIELDS = ("trial", "step", "value", "nonce")
+# The tag of a trial's MLflow run with which the driver stops it (Connect sessions).
+PRUNE_TAG = "dist_dl.prune"
+# MLflow's HTTP retries for a report, unless MLFLOW_HTTP_REQUEST_* say otherwise:
+# a store the executors cannot reach fails the trial within minutes.
+_STORE_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def sign_report(token: str, fields: dict) -> str:
@@ -61,8 +72,11 @@ class Reporter:
     """
 
     def __init__(self, address: tuple[str, int] | None, token: str, trial: int,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, tracking: tuple[str, str, str] | None = None):
         self._address = None if address is None else tuple(address)
+        # (tracking URI, run id, metric name): reports go to the trial's
+        # MLflow run, where the driver reads them (Connect, a stopping rule).
+        self._tracking = tracking
         self.kept: list[tuple[int, float]] = []
         self._token = token
         self._timeout = timeout
@@ -88,6 +102,9 @@ class Reporter:
         self.steps += 1
         if self._address is None:
             self.kept.append((step, value))
+            if self._tracking is not None and self._logged_and_pruned(step, value):
+                raise TrialPruned(f"trial {self.trial} stopped early at step {step} "
+                                  f"(value {value})")
             return
         message = {"trial": self.trial, "step": step, "value": value,
                    "nonce": secrets.token_hex(16)}
@@ -105,15 +122,57 @@ class Reporter:
         if reply.get("prune"):
             raise TrialPruned(f"trial {self.trial} stopped early at step {step} (value {value})")
 
+    def _logged_and_pruned(self, step: int, value: float) -> bool:
+        """Log the report to the trial's MLflow run; whether its prune tag is set.
 
-def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token: str):
+        The driver sets the tag once it has read a report the stopping rule
+        rejects, so a trial stops at a report after that one.
+        """
+        from mlflow.tracking import MlflowClient
+
+        uri, run_id, metric = self._tracking
+        try:
+            with _bounded_http():
+                client = MlflowClient(tracking_uri=uri)
+                client.log_metric(run_id, metric, value, step=step)
+                return client.get_run(run_id).data.tags.get(PRUNE_TAG) is not None
+        except Exception as exc:  # noqa: BLE001 - said with what to do, the trial fails
+            raise RuntimeError(
+                f"the executors cannot reach the tracking store {_shown(uri)} (trial "
+                f"{self.trial}'s report at step {step}: {type(exc).__name__}: {exc}). With early stopping on a Spark Connect session the trials log their "
+                "reports there while they run: use a tracking store both the client and the "
+                "executors reach (a tracking server, or on Databricks the workspace's), or "
+                "early_stopping=None") from exc
+
+
+@contextlib.contextmanager
+def _bounded_http():
+    """`_STORE_HTTP` in the environment for the block, where it is unset."""
+    added = [k for k in _STORE_HTTP if k not in os.environ]
+    os.environ.update({k: _STORE_HTTP[k] for k in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _shown(uri: str) -> str:
+    """A tracking URI without the user and password it may hold."""
+    scheme, sep, rest = uri.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}" if sep else uri
+
+
+def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token: str,
+              tracking: tuple[str, str, str] | None = None):
     """The body of a trial's Spark task: one JSON line with what happened.
 
     Never raises for the trial's own errors, so a failing trial is recorded as
     failed (and Spark does not retry it) while the other trials go on.
     """
     prepare_python_worker()
-    reporter = Reporter(address, token, trial)
+    reporter = Reporter(address, token, trial, tracking=tracking)
     record = {"trial": trial, "status": "completed", "value": None, "error": None,
               "start": time.time()}
     try:
