@@ -269,7 +269,7 @@ def test_a_failing_stopped_or_slow_worker_is_named_or_timed_out_or_no_alarm(
 # files are what a writer started anew each time would see, without 20
 # TensorFlow imports.
 _SAVE_FOREVER = '''
-import os, sys
+import os, sys, time
 sys.path.insert(0, sys.argv[2])
 from dist_dl.core import compat
 from dist_dl.train.checkpoint import CheckpointManager
@@ -286,7 +286,9 @@ for _ in sys.stdin:
         print("ready", os.getpid(), flush=True)
         while True:
             epoch += 1
+            began = time.monotonic()
             manager.save(model, epoch)
+            print("saved", epoch, time.monotonic() - began, flush=True)
     os.waitpid(pid, 0)
     print("reaped", flush=True)
 '''
@@ -304,13 +306,16 @@ def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
 
     s = scenario("F7 local", "rank 0 killed while writing checkpoints",
                  "a process saving checkpoints in a loop (CheckpointManager, keep=3, the "
-                 "code rank 0 runs) gets a real SIGKILL at a random moment, 20 times, "
-                 "restarting from its latest checkpoint each time",
+                 "code rank 0 runs) gets a real SIGKILL at a random moment of a save (after 0, 1 "
+                 "or 2 finished saves, a random fraction of a save's own time into the next, "
+                 "whatever the machine's pace), 20 times, restarting from its latest "
+                 "checkpoint each time",
                  "after every kill the latest checkpoint loads and restores, no partial "
                  "one is taken (no corrupt-checkpoint warning), epochs never go back")
     directory = tmp_path / "ckpt"
     rng = random.Random(20261124)
     last_epoch, interrupted, kills = 0, 0, 20
+    took = 0.5  # seconds of a save, until the writer has timed one
     writers = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(directory), SUPPORT],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -319,9 +324,17 @@ def test_a_checkpoint_writer_killed_twenty_times_never_leaves_a_partial_latest(
             writers.stdin.flush()
             ready, pid = writers.stdout.readline().split()
             assert ready == "ready"
-            time.sleep(rng.uniform(0.05, 0.8))
+            # The kill lands at a random moment of a save whatever the
+            # machine's pace: after 0, 1 or 2 saves of this writer, a random
+            # fraction of a save's time into the next (`took`: the last save timed).
+            for _ in range(rng.choice((0, 1, 2))):
+                saved, _, seconds = writers.stdout.readline().split()
+                assert saved == "saved"
+                took = float(seconds)
+            time.sleep(rng.uniform(0.0, 1.0) * took)
             os.kill(int(pid), signal.SIGKILL)
-            assert writers.stdout.readline().strip() == "reaped"
+            while (line := writers.stdout.readline().strip()) != "reaped":
+                assert line.startswith("saved"), line
             # A write cut short leaves a staging folder (.tmp-ckpt-*), never a checkpoint.
             if directory.is_dir() and any(p.name.startswith(".tmp-ckpt-")
                                           for p in directory.iterdir()):
