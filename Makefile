@@ -10,6 +10,8 @@
 #   make test-reliability  tests/reliability: faults injected into real jobs
 #   make test-hosts        tests/hosts: the cluster of separate hosts (root)
 #   make test-fast         every tier less the tests marked slow
+#   make test-connect      the Spark Connect tests alone (dbr-17.3-ml, dbr-18-ml with
+#                          its Connect client overlay, dbr-19-ml)
 #   make test-repeat N=5   the reliability and separate-hosts tiers N times, then each
 #                          scenario's failures out of N (runs/tests/repeat/)
 #   make reliability-report  the newest scenario records (runs/tests/reliability/, written
@@ -95,8 +97,11 @@ HOROVOD     :=
 # Mosaic Streaming (the `mds` extra: tests/integration/test_mds.py), at the
 # runtime's version; on 17.3, pyspark's Spark Connect client (the `connect` extra:
 # tests/integration/test_connect.py). Not on 16.4, whose pyspark 3.5 wheel holds
-# no Connect server to test it against, nor on 18, whose protobuf 5 pyspark
-# 4.1's client does not load with (constraints/dbr-18-ml.txt).
+# no Connect server to test it against. On 18, pyspark 4.1's client does not
+# load with the runtime's protobuf 5: its packages go to a client overlay
+# (CONNECT_CLIENT, below) that only the Connect tests' client process puts on
+# its path, while the server and its workers run the runtime's environment
+# (constraints/connect-client/dbr-18-ml.txt).
 EXTRAS      := delta,samples,torch,mds,dev
 ifeq ($(PROFILE_NAME),dbr-17.3-ml)
 EXTRAS      := $(EXTRAS),connect
@@ -107,6 +112,28 @@ NO_DEPS     := tf-keras
 CHECK       := $(call AUTO_CHECK,tensorflow)
 endif
 PY     := $(VENV)/bin/python
+# A profile whose runtime's packages do not load pyspark's Connect client
+# (dbr-18-ml) has a file constraints/connect-client/<profile>.txt, and installs
+# the client's own packages at its pins into CONNECT_CLIENT, a folder of its
+# environment (pip install --target): the environment of a Connect client,
+# which is another machine's than the cluster's. The Connect tests'
+# client process runs with that folder first on PYTHONPATH (CONNECT_PYTEST);
+# the server they start (tests/support/connect_server.py) and its workers run
+# without it. The tests' pass without it leaves the Connect modules skipped
+# (tests/support/connect_server.py); a second pass (--connect-only: only the
+# Connect modules of the arguments, tests/conftest.py) runs them with it.
+CONNECT_CONSTRAINTS := $(wildcard constraints/connect-client/$(PROFILE_NAME).txt)
+CONNECT_CLIENT := $(if $(CONNECT_CONSTRAINTS),$(VENV)/connect-client)
+CONNECT_CHECK := import google.protobuf as p, pyspark.sql.connect.proto; \
+                 assert p.__file__.startswith('$(CURDIR)/$(CONNECT_CLIENT)/'), p.__file__
+CONNECT_PYTEST = PYTHONPATH="$(CURDIR)/$(CONNECT_CLIENT)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest
+# $(call with_connect,ARGS): pytest on ARGS; then, where the profile has a client
+# overlay, their Connect modules with it. Its exit status is pytest's over both
+# passes: a pass that collected no test (5: ARGS hold no Connect module, or
+# nothing but them) counts only where the other did not either.
+with_connect = $(PY) -m pytest $(XDIST) $(1)$(if $(CONNECT_CLIENT),; a=$$?; \
+                 $(CONNECT_PYTEST) $(XDIST) --connect-only $(1); b=$$?; \
+                 case $$a:$$b in (5:*) exit $$b;; (*:5) exit $$a;; (*) exit $$(( a ? a : b ));; esac)
 # Environments may be installed at once (.ci/run installs every profile's side by
 # side): their editable installs of dist_dl write the same src/dist_dl.egg-info,
 # so they take turns, holding a lock on setup.py (util-linux's flock).
@@ -134,12 +161,12 @@ JOBS ?= 3
 # grouped scheduling, a replaced process can leave the run waiting for ever.
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-restart 0)
 
-.PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast \
+.PHONY: install demo test test-unit test-integration test-reliability test-hosts test-fast test-connect \
         test-repeat reliability-report bench wheel bundle docs clean hosts-tools docs-tools profiles
 
 install: $(STAMP)
 
-$(STAMP): $(CONSTRAINTS) setup.py
+$(STAMP): $(CONSTRAINTS) $(CONNECT_CONSTRAINTS) setup.py
 	$(call FRESH,$(STAMP))
 	$(PYTHON_CHECK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -156,6 +183,12 @@ $(STAMP): $(CONSTRAINTS) setup.py
 	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
 	$(EDITABLE) $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
+	# The Connect client's overlay, made anew: exactly its pins, none of their
+	# requirements (the environment below it has the rest); checked to load
+	# pyspark's client code with its own protobuf.
+	$(if $(CONNECT_CLIENT),rm -rf $(CONNECT_CLIENT) && $(PIP) install --quiet --no-deps \
+	  --target $(CONNECT_CLIENT) -r $(CONNECT_CONSTRAINTS))
+	$(if $(CONNECT_CLIENT),PYTHONPATH=$(CURDIR)/$(CONNECT_CLIENT) $(PY) -c "$(CONNECT_CHECK)")
 	touch $(STAMP)
 
 # The unit tier's environment: the library's own requirements at the profile's
@@ -178,22 +211,27 @@ demo: $(STAMP)
 	$(PY) -m dist_dl.cli pipeline --config $(DEMO_CONFIG)
 
 test: $(STAMP) hosts-tools docs-tools
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(call with_connect,$(PYTEST_ARGS))
 
 test-unit: $(UNIT_STAMP) docs-tools
 	$(UNIT_PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest $(XDIST) tests/integration $(PYTEST_ARGS)
+	$(call with_connect,tests/integration $(PYTEST_ARGS))
 
 test-reliability: $(STAMP) hosts-tools
-	$(PY) -m pytest $(XDIST) tests/reliability $(PYTEST_ARGS)
+	$(call with_connect,tests/reliability $(PYTEST_ARGS))
 
 test-hosts: $(STAMP) hosts-tools
 	$(PY) -m pytest $(XDIST) tests/hosts $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(call with_connect,-m "not slow" $(PYTEST_ARGS))
+
+# The Spark Connect tests alone (tests/conftest.py names their modules), with
+# the profile's client overlay where it has one.
+test-connect: $(STAMP)
+	$(if $(CONNECT_CLIENT),$(CONNECT_PYTEST),$(PY) -m pytest) $(XDIST) --connect-only $(PYTEST_ARGS)
 
 # Each round's JUnit report goes to runs/tests/repeat/; the summary counts each
 # test's failures over the rounds (the scenarios' records go where every run's go).

@@ -29,11 +29,49 @@ import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above
 pytest_plugins = ["backstop"]
 
 
+# The Spark Connect tests' modules (tests/support/connect_server.py). With
+# `--connect-only`, pytest runs these alone, of what its arguments name (a
+# folder holding one, the module, a test of it): the Makefile's pass of the
+# Connect tests with a profile's client overlay on the path (dbr-18-ml), which
+# the other modules run without. Nothing else is collected or imported.
+CONNECT_MODULES = tuple(Path(__file__).resolve().parent / m for m in
+                        ("integration/test_connect.py", "reliability/test_connect_client.py"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--connect-only", action="store_true",
+                     help="run only the Spark Connect tests' modules of the arguments "
+                          "(tests/conftest.py: CONNECT_MODULES)")
+
+
+def _on_the_way_to_connect(path: Path) -> bool:
+    """Whether ``path`` is a Connect module or a folder that holds one."""
+    path = path.resolve()
+    return any(m == path or path in m.parents for m in CONNECT_MODULES)
+
+
+def _keep_connect_arguments(config) -> None:
+    """`--connect-only`: the arguments that name a Connect module, or a folder
+    holding one; the others (a module or test of another) are dropped, so
+    that they are neither collected nor reported as not found."""
+    here = Path(config.invocation_params.dir)
+    config.args[:] = [a for a in config.args if _on_the_way_to_connect(here / a.split("::")[0])]
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`--connect-only`: below the arguments, the Connect modules alone."""
+    if config.getoption("connect_only") and not _on_the_way_to_connect(collection_path):
+        return True
+    return None
+
+
 def pytest_configure(config):
     """Every Spark driver JVM started from here or from a child process
     starts cheap (tests/support/jvm.py). The first process makes the class
     archive (xdist's controller: before its workers start, which inherit
     the environment set here)."""
+    if config.getoption("connect_only"):
+        _keep_connect_arguments(config)
     if not hasattr(config, "workerinput"):
         jvm.ensure_class_archive()
         _own_mlflow_store(config)

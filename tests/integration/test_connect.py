@@ -8,7 +8,10 @@ timeout, the task slots checked before any stage, nothing left running,
 ``train_distributed`` retried from its checkpoint and its model's
 ``transform``; the tf.distribute runners, ``train_ensemble`` and its
 ``transform``, ``prepare_image_dataset`` and the search on the session's
-executors, its early stopping through the MLflow tracking store.
+executors, its early stopping through the MLflow tracking store. The client
+and the server run the profile's packages, but for the client's overlay
+where a profile has one (dbr-18-ml: tests/support/connect_server.py): the
+executors import the server's, not the client's.
 """
 from __future__ import annotations
 
@@ -119,6 +122,42 @@ def sleep_long():
     import time
 
     time.sleep(120)
+
+
+@pytest.mark.timeout(300)
+def test_the_executors_run_the_servers_packages_and_the_client_its_own(connect):
+    """The client and the cluster are two environments, as with Databricks
+    Connect: the server's workers import the server's packages, never the
+    client's overlay (dbr-18-ml: protobuf 6.33 in the client for pyspark
+    4.1.0's client code, the runtime's 5.29 on the executors)."""
+    import subprocess
+
+    import google.protobuf
+
+    def protobuf_versions(batches):
+        """A task's protobuf: the version its Python worker imports. (Local:
+        pyspark pickles it by value, as the executors cannot import this module.)"""
+        import google.protobuf
+        import pandas as pd
+
+        for _ in batches:
+            yield pd.DataFrame({"protobuf": [google.protobuf.__version__]})
+
+    server_side = subprocess.run(
+        [sys.executable, "-c", "import google.protobuf; print(google.protobuf.__version__)"],
+        env=connect_server.server_env(), capture_output=True, text=True, check=True,
+        timeout=120).stdout.strip()
+    rows = connect.range(2, numPartitions=2).mapInPandas(protobuf_versions,
+                                                        "protobuf string").collect()
+    assert {r.protobuf for r in rows} == {server_side}
+    client = google.protobuf.__version__
+    if connect_server.overlay_in_use():
+        assert google.protobuf.__file__.startswith(str(connect_server.CLIENT_OVERLAY)), (
+            google.protobuf.__file__)
+        major = (int(client.split(".")[0]), int(server_side.split(".")[0]))
+        assert major[0] > major[1], f"the client's protobuf {client}, the executors' {server_side}"
+    else:
+        assert client == server_side
 
 
 @pytest.mark.timeout(420)

@@ -13,7 +13,8 @@ behind, and the next run pointed at the same checkpoints resumes. The server
 here runs with both at 5 s so that the test takes seconds, not minutes.
 
 Runs where a Connect session can be made (tests/support/connect_server.py):
-the CI stages of dbr-17.3-ml and dbr-19-ml.
+the CI stages of dbr-17.3-ml, dbr-18-ml (its client processes with the
+profile's client overlay, the server without) and dbr-19-ml.
 """
 from __future__ import annotations
 

@@ -124,6 +124,20 @@ def test_each_profile_runs_the_runtimes_python_or_says_why():
     assert not wrong, "\n".join(wrong)
 
 
+def test_each_connect_client_overlay_is_a_profiles_and_says_why_of_each_pin():
+    """constraints/connect-client/<profile>.txt: the packages a profile's
+    Spark Connect client has over its environment (the Makefile's
+    CONNECT_CLIENT), each pin with its reason on its line."""
+    wrong = []
+    for overlay in sorted((CONSTRAINTS / "connect-client").glob("*.txt")):
+        if overlay.stem not in _profiles():
+            wrong.append(f"{overlay.name}: no profile {overlay.stem}")
+        pins = [PIN.match(line.strip()) for line in overlay.read_text().splitlines()]
+        wrong += [f"{overlay.name}: {m.group(1)}=={m.group(2)} says no reason on its line"
+                  for m in pins if m and not m.group(3)]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_parser_finds_a_difference_and_its_declaration():
     """The patterns above, on lines written as the profiles write them."""
     assert PIN.match("torch==2.9.0  # differs: a reason").group(3) == "differs: a reason"
