@@ -472,13 +472,15 @@ def test_the_readmes_pipeline_from_a_connect_dataframe(connect, server, tmp_path
 
 # The notebooks a user may open on serverless compute or a standard-access
 # cluster (Spark Connect both): preparing data, train_distributed on a
-# DataFrame, batch scoring, TorchDistributor. Each runs end to end from the
-# Connect session (its get_spark() returns the active session), with its
-# local widget defaults. The others need the classic SparkContext
-# (HorovodRunner, the benchmark's Horovod jobs, the search) or no Spark at all
+# DataFrame, ensembles and the search, batch scoring, TorchDistributor. Each
+# runs end to end from the Connect session (its get_spark() returns the active
+# session), with its local widget defaults. The others need the classic SparkContext
+# (HorovodRunner, the benchmark's Horovod jobs) or no Spark at all
 # (the single-node baseline).
-CONNECT_NOTEBOOKS = ("01_prepare_data", "04_train_distributed_dataframe", "07_batch_scoring",
-                     "08_torch_distributor")
+CONNECT_NOTEBOOKS = ("01_prepare_data", "04_train_distributed_dataframe",
+                     # its ensembles and search train Keras models
+                     pytest.param("05_ensembles_and_search", marks=pytest.mark.needs("tensorflow")),
+                     "07_batch_scoring", "08_torch_distributor")
 
 
 @pytest.mark.slow
