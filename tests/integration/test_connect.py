@@ -38,9 +38,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 cloudpickle.register_pickle_by_value(train_hooks)
 # One test process runs the module's tests one after another (its client
 # session is the module's fixture, and a classic test between two of them
-# would find the process in Connect mode).
-pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19,
-              pytest.mark.xdist_group("connect")]
+# would find the process in Connect mode). CI runs them on dbr-17.3-ml and
+# dbr-18-ml (the Spark 4 profiles with TensorFlow and torch), and the
+# notebooks from a Connect session on dbr-19-ml (without TensorFlow).
+pytestmark = [pytest.mark.profile_subset_164, pytest.mark.xdist_group("connect")]
 
 
 @pytest.fixture(scope="module")
@@ -484,6 +485,7 @@ CONNECT_NOTEBOOKS = ("01_prepare_data", "04_train_distributed_dataframe",
 
 
 @pytest.mark.slow
+@pytest.mark.profile_dbr19
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", CONNECT_NOTEBOOKS)
 def test_the_notebooks_run_from_a_connect_session(name, connect, server, tmp_path, monkeypatch):

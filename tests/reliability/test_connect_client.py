@@ -13,8 +13,8 @@ behind, and the next run pointed at the same checkpoints resumes. The server
 here runs with both at 5 s so that the test takes seconds, not minutes.
 
 Runs where a Connect session can be made (tests/support/connect_server.py):
-the CI stages of dbr-17.3-ml, dbr-18-ml (its client processes with the
-profile's client overlay, the server without) and dbr-19-ml.
+the CI stages of dbr-17.3-ml and dbr-18-ml (its client processes with the
+profile's client overlay, the server without).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ connect_server.skip_without_a_client()
 
 from waits import workers_left  # noqa: E402
 
-pytestmark = [pytest.mark.profile_subset_164, pytest.mark.profile_dbr19,
+pytestmark = [pytest.mark.profile_subset_164,
               pytest.mark.xdist_group("connect_client")]
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
