@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["redact", "redact_secrets", "remember_secret"]
+__all__ = ["redact", "redact_secrets", "remember_secret", "without_credentials"]
 
 # Values this process read as secrets (dist_dl.app.databricks.read_secret,
 # use_sas_token): always redacted by redact_secrets (the process's memory
@@ -29,6 +29,14 @@ def redact(text: str, *secrets: str) -> str:
         if secret:
             text = text.replace(secret, "[REDACTED]")
     return text
+
+
+def without_credentials(uri: str) -> str:
+    """``uri`` without the user and password it may hold
+    (``scheme://user:password@host/...`` shown as ``scheme://host/...``)."""
+    scheme, sep, rest = uri.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}" if sep else uri
 
 
 # Environment variables whose values are credentials: what a job cluster gets

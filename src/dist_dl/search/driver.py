@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 from dist_dl.core.imports import spark_ml_imported
 from dist_dl.core.integrity import signature_matches as _signature_matches
 from dist_dl.core.optional import require
-from dist_dl.core.redact import redact_secrets
+from dist_dl.core.redact import redact_secrets, without_credentials
 from dist_dl.core.settings import checked, setting
 from dist_dl.core.sessionkind import (call_in_task, configured_slots, is_connect, session_jobs,
                                       session_master)
@@ -500,13 +500,20 @@ def _loopback_store(uri: str, master: str) -> str | None:
     Connect session of ``master``): one on the client's loopback address,
     while the executors run on other hosts (a master not ``local...``); or
     None."""
+    import ipaddress
     from urllib.parse import urlsplit
+
+    from dist_dl.launch.core.network import is_loopback, resolve
 
     if not uri.startswith(("http:", "https:")) or master.startswith("local"):
         return None
-    host = (urlsplit(uri).hostname or "").lower()
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        return (f"the tracking server {urlsplit(uri).netloc.rpartition('@')[2]} is on this "
+    host = urlsplit(uri).hostname or ""
+    try:
+        address = str(ipaddress.ip_address(host))
+    except ValueError:  # a name: what it resolves to here
+        address = resolve(host)
+    if address and is_loopback(address):
+        return (f"the tracking server {urlsplit(without_credentials(uri)).netloc} is on this "
                 f"machine's loopback address, which the executors (master {master or 'unknown'}) "
                 "do not reach: use a tracking server both reach (on Databricks the "
                 "workspace's, tracking_uri='databricks'), or early_stopping=None")

@@ -33,7 +33,7 @@ from typing import Callable
 from dist_dl.core import compat
 from dist_dl.core.integrity import sign, signature_matches
 from dist_dl.core.pyworker import prepare_python_worker
-from dist_dl.core.redact import redact_secrets
+from dist_dl.core.redact import redact_secrets, without_credentials
 
 __all__ = ["Reporter", "TrialPruned", "run_trial", "sign_report", "REPORT_FIELDS", "PRUNE_TAG"]
 
@@ -138,7 +138,7 @@ class Reporter:
                 return client.get_run(run_id).data.tags.get(PRUNE_TAG) is not None
         except Exception as exc:  # noqa: BLE001 - said with what to do, the trial fails
             raise RuntimeError(
-                f"the executors cannot reach the tracking store {_shown(uri)} (trial "
+                f"the executors cannot reach the tracking store {without_credentials(uri)} (trial "
                 f"{self.trial}'s report at step {step}: {type(exc).__name__}: {exc}). With early stopping on a Spark Connect session the trials log their "
                 "reports there while they run: use a tracking store both the client and the "
                 "executors reach (a tracking server, or on Databricks the workspace's), or "
@@ -155,13 +155,6 @@ def _bounded_http():
     finally:
         for key in added:
             os.environ.pop(key, None)
-
-
-def _shown(uri: str) -> str:
-    """A tracking URI without the user and password it may hold."""
-    scheme, sep, rest = uri.partition("://")
-    host, slash, path = rest.partition("/")
-    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}" if sep else uri
 
 
 def run_trial(_, *, train_fn: Callable, params: dict, trial: int, address, token: str,
