@@ -192,3 +192,13 @@ def test_a_loopback_tracking_server_is_refused_where_executors_run_elsewhere():
         problem = _loopback_store(uri, "spark://host:7077")
         assert problem.startswith("the tracking server ") and "early_stopping=None" in problem
         assert "u:p" not in problem
+
+
+def test_the_connect_poller_reads_each_trial_twice_a_second_and_four_reads_a_second_at_most():
+    from dist_dl.search.driver import _READS_PER_SECOND, _read_gap
+    for trials in (1, 2, 3, 8, 64):
+        gap = _read_gap(trials)
+        assert 1 / gap <= _READS_PER_SECOND  # reads a second, all trials together
+        assert gap * trials >= 0.5 - 1e-9  # each trial is read every half second at most
+    assert _read_gap(1) == _read_gap(0) == 0.5  # few trials: each read every half second
+    assert _read_gap(64) * 64 == 16  # many: each trial less often

@@ -14,7 +14,8 @@ API (`dist_dl.core.sessionkind.call_in_task`), each tagged, and a Connect
 client may be out of the executors' reach (Databricks Connect runs it on a
 laptop): no server on the driver. With a stopping rule the trials log their
 reports to their MLflow child runs themselves, a thread here reads the
-running trials' metric histories every `_POLL_SECONDS` and applies the rule,
+running trials' metric histories (each every `_POLL_SECONDS`, and at most
+`_READS_PER_SECOND` reads a second in all) and applies the rule,
 and a trial to stop gets the ``dist_dl.prune`` tag, which its next report
 reads (so the tracking store must be one both reach). Without one, each
 trial's reports come back with its outcome and are logged then. Either way
@@ -54,7 +55,12 @@ __all__ = ["search", "SearchResult", "TrialRecord", "SearchError", "ALGORITHMS",
 ALGORITHMS = ("random", "grid", "tpe")
 EARLY_STOPPING = ("median", "hyperband", None)
 _MAX_TAG = 5000  # MLflow tag values are limited; keep errors well inside it.
-_POLL_SECONDS = 0.5  # Connect with a stopping rule: how often the reports are read
+_POLL_SECONDS = 0.5  # Connect with a stopping rule: how often a trial's reports are read
+# ... but never more reads than this a second, however many trials run: a
+# workspace's MLflow API takes about 127 requests a second in all for this
+# group of requests (Databricks' MLflow API rate limits), shared with every
+# report its trials log, so with many trials each is read less often.
+_READS_PER_SECOND = 4
 _log = logging.getLogger(__name__)
 
 
@@ -109,6 +115,12 @@ class _Spec:
     early_stopping_startup_trials: int = setting(low=0)
     early_stopping_warmup_steps: int = setting(low=0)
 
+
+def _read_gap(trials: int) -> float:
+    """Seconds between two reads of the running trials' reports when
+    ``trials`` run: each trial read every `_POLL_SECONDS`, and no more than
+    `_READS_PER_SECOND` reads a second in all."""
+    return max(_POLL_SECONDS / max(trials, 1), 1 / _READS_PER_SECOND)
 
 def _sampler(algorithm: str, seed: int | None):
     import optuna
@@ -213,7 +225,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
             the median of finished trials at that step), ``"hyperband"``
             (Optuna's bandit rule), or None. On a Spark Connect session the
             trials log their reports to the tracking store, where the driver
-            reads them (every 0.5 s) and from where a stopped trial learns
+            reads them (each trial every 0.5 s, at most 4 reads a second) and from where a stopped trial learns
             it at its next report: the store must be one the client and the
             executors both reach.
         early_stopping_startup_trials: Finished trials before the median rule acts.
@@ -328,10 +340,15 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
 
     def poll(stop: threading.Event) -> None:  # Connect with a rule: while trials run
         failing = None
-        while not stop.wait(_POLL_SECONDS):
+        while True:
             with lock:
                 watched = [(n, r) for n, (_, r) in running.items() if n not in stopping]
+            if not watched and stop.wait(_POLL_SECONDS):
+                return
+            gap = _read_gap(len(watched))
             for number, run_id in watched:
+                if stop.wait(gap):
+                    return
                 try:
                     history = sorted(client.get_metric_history(run_id, metric_name),
                                      key=lambda m: m.step)  # stable: a step's first value
@@ -346,8 +363,7 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
                 except Exception as exc:  # noqa: BLE001 - the next poll tries again
                     if repr(exc) != failing:
                         _log.warning("search: reading trial %s's reports from %s failed "
-                                     "(tried again every %s s): %s", number, uri,
-                                     _POLL_SECONDS, exc)
+                                     "(tried again at the next read): %s", number, uri, exc)
                     failing = repr(exc)
                     with lock:
                         stopping.discard(number)
