@@ -1,8 +1,6 @@
 """Shared fixtures: a hermetic local Spark, a real standalone cluster on loopback."""
 from __future__ import annotations
 
-import functools
-import json
 import os
 import socket
 import subprocess
@@ -23,7 +21,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-import jvm  # noqa: E402  (tests/support/jvm.py, on the path from the line above)
+import import_probe  # noqa: E402  (tests/support/, on the path from the line above)
+import jvm  # noqa: E402
 
 # Ends a test that outlives its timeout where pytest-timeout's signal cannot act.
 pytest_plugins = ["backstop"]
@@ -75,7 +74,7 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         jvm.ensure_class_archive()
         _own_mlflow_store(config)
-        _share_import_probes(config)
+        import_probe.share_across_processes(config)
     for key, value in jvm.driver_env().items():
         os.environ.setdefault(key, value)
 
@@ -125,101 +124,10 @@ NEEDS_BY_PARAM = {("engine", "horovod"): "horovod.tensorflow",
                   ("reader", "petastorm"): "petastorm"}
 
 
-# The modules the tests' `needs` markers name, in the order one process imports
-# them (torch before TensorFlow: dist_dl.launch.fork.client._FRAMEWORKS).
-NEEDED_MODULES = ("torch", "tensorflow", "horovod.tensorflow", "horovod.spark", "petastorm")
-# The folder where the first test process of an interpreter and path to need
-# them writes why each of NEEDED_MODULES does not import (set by the run's
-# first process): every other test process of the run with the same
-# interpreter and PYTHONPATH reads it instead of importing them again.
-IMPORTS_FOLDER_VAR = "DIST_DL_TEST_IMPORT_FAILURES"
-_PROBE = """
-import json, sys
-failures = {}
-for name in sys.argv[1:]:
-    try:
-        __import__(name)
-        failures[name] = None
-    except Exception as exc:
-        failures[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-print(json.dumps(failures))
-"""
-
-
-def _share_import_probes(config) -> None:
-    if IMPORTS_FOLDER_VAR in os.environ:
-        return
-    import shutil
-    import tempfile
-
-    folder = tempfile.mkdtemp(prefix="pytest-imports-")
-    os.environ[IMPORTS_FOLDER_VAR] = folder
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-
-
-def _probe(modules) -> dict | None:
-    """Why each of ``modules`` does not import in this environment's Python
-    (None where it does), tried in a child process, so that the test
-    process imports nothing it would not have (Horovod's import loads
-    TensorFlow and its own library); None where the child did not answer in
-    time, or crashed importing several."""
-    try:
-        done = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True,
-                              text=True, timeout=180,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    except subprocess.TimeoutExpired:
-        return None
-    if done.returncode == 0:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    if len(modules) > 1:
-        return None  # one of them crashed the child: each is tried alone
-    lines = done.stderr.strip().splitlines()
-    return {modules[0]: lines[-1] if lines else f"exit status {done.returncode}"}
-
-
-@functools.lru_cache(maxsize=None)
-def _needed_failures() -> dict | None:
-    """`_probe` of NEEDED_MODULES, made once per run, interpreter and
-    PYTHONPATH (under a lock on its file in IMPORTS_FOLDER_VAR's folder) and
-    read by every test process."""
-    import fcntl
-    import hashlib
-
-    folder = os.environ.get(IMPORTS_FOLDER_VAR)
-    if not folder or not os.path.isdir(folder):
-        return _probe(NEEDED_MODULES)
-    which = hashlib.sha256(f"{sys.executable}\0{os.environ.get('PYTHONPATH', '')}".encode())
-    path = os.path.join(folder, which.hexdigest()[:16] + ".json")
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
-        failures = _probe(NEEDED_MODULES)
-        if failures is not None:
-            with open(path + ".part", "w") as f:
-                json.dump(failures, f)
-            os.replace(path + ".part", path)
-        return failures
-
-
-@functools.lru_cache(maxsize=None)
-def _import_failure(module: str) -> str | None:
-    """Why ``module`` does not import in this environment's Python, or None.
-    A module of NEEDED_MODULES is read from the run's one probe of them all;
-    another, or where that probe did not answer (a crash), is tried alone."""
-    failures = _needed_failures() if module in NEEDED_MODULES else None
-    if failures is None:
-        failures = _probe([module])
-    if failures is None:
-        return None  # slow (a loaded machine), not missing: the test runs and says more
-    return failures[module]
-
-
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs"):
         module = marker.args[0]
-        failure = _import_failure(module)
+        failure = import_probe.failure(module)
         if failure is not None:
             why = {"torch": " (the `torch` extra: profiles dbr-16.4-ml and dbr-17.3-ml)",
                    "tensorflow": "; Databricks Runtime 19 ML and later ship no TensorFlow"}.get(
