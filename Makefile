@@ -134,11 +134,22 @@ CONNECT_PYTEST = PYTHONPATH="$(CURDIR)/$(CONNECT_CLIENT)$${PYTHONPATH:+:$$PYTHON
 with_connect = $(PY) -m pytest $(XDIST) $(1)$(if $(CONNECT_CLIENT),; a=$$?; \
                  $(CONNECT_PYTEST) $(XDIST) --connect-only $(1); b=$$?; \
                  case $$a:$$b in (5:*) exit $$b;; (*:5) exit $$a;; (*) exit $$(( a ? a : b ));; esac)
-# Environments may be installed at once (.ci/run installs every profile's side by
-# side): their editable installs of dist_dl write the same src/dist_dl.egg-info,
-# so they take turns, holding a lock on setup.py (util-linux's flock).
-EDITABLE := flock setup.py
 PIP    := $(PY) -m pip
+# pip does not compile what it installs to bytecode (--no-compile): of the tens of
+# thousands of modules in an environment with TensorFlow, torch and PySpark, a
+# run imports a part, and Python compiles each on its first import and keeps
+# it (below). Environments may be installed at once (.ci/run installs every
+# profile's side by side): an editable install of dist_dl writes nothing into
+# the checkout (setuptools builds its metadata in a temporary folder), so they
+# need no turns.
+INSTALL := install --quiet --no-compile
+# What the install compiles, importing them in one process (tools/warm_bytecode.py):
+# the libraries the tests' processes load, where the profile has them (torch
+# first: dist_dl.launch.fork.client._FRAMEWORKS).
+WARM_MODULES := torch torch.distributed torchvision tensorflow keras tf_keras horovod.tensorflow \
+                petastorm pyspark.sql pyspark.ml pyspark.sql.connect.session mlflow mlflow.pyfunc \
+                mlflow.store.tracking.sqlalchemy_store optuna streaming pandas pyarrow.parquet \
+                dist_dl.launch dist_dl.train dist_dl.read.dataset
 # An environment's stamp names the profile it holds. One that holds another
 # profile's stamp (a checkout whose default profile changed) is made anew:
 # installing over it would keep a Horovod built against another TensorFlow.
@@ -152,6 +163,12 @@ HOROVOD_FLAGS := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
                  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
                  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
 PYTEST_ARGS ?=
+# What runs here writes each module's bytecode on its first import (into the
+# ignored __pycache__ folders), as Python does by default, where the machine's
+# environment says not to (PYTHONDONTWRITEBYTECODE): otherwise each of a test
+# run's hundreds of Python processes compiles every module it imports, dist_dl's
+# and, as pip installs without compiling (INSTALL), the libraries' too.
+unexport PYTHONDONTWRITEBYTECODE
 # Three tests at a time, each in a process of its own (pytest-xdist): much of
 # the reliability and separate-hosts tiers waits on timeouts and on other hosts,
 # so three keep two cores busy. Tests of one cluster share a process
@@ -170,23 +187,23 @@ $(STAMP): $(CONSTRAINTS) $(CONNECT_CONSTRAINTS) setup.py
 	$(call FRESH,$(STAMP))
 	$(PYTHON_CHECK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip wheel
-	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first; so does
-	# torch, whose CUDA build is GBs: the editable install below holds a lock
-	# that the environments installed side by side take in turns.
-	$(PIP) install --quiet -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
-	$(if $(NO_DEPS),$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
+	$(PIP) $(INSTALL) --upgrade pip wheel
+	# Horovod's build imports TensorFlow, so TensorFlow (and cmake) come first,
+	# with the profile's other large packages (PySpark, torch).
+	$(PIP) $(INSTALL) -c $(CONSTRAINTS) $(BUILD_FIRST) $(if $(HOROVOD),cmake) setuptools
+	$(if $(NO_DEPS),$(PIP) $(INSTALL) --no-deps -c $(CONSTRAINTS) $(NO_DEPS))
 	# The build log says which cmake ran (the line starting "cmake version").
 	$(if $(HOROVOD),$(HOROVOD_FLAGS) sh -c 'command -v cmake && cmake --version | head -1')
 	# --no-cache-dir: pip's wheel cache is shared by every environment of the machine
 	# and knows nothing of the TensorFlow a cached Horovod was built against.
-	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) install --quiet --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
-	$(EDITABLE) $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(if $(HOROVOD),$(HOROVOD_FLAGS) $(PIP) $(INSTALL) --no-cache-dir --no-build-isolation -c $(CONSTRAINTS) $(HOROVOD))
+	$(PIP) $(INSTALL) --no-build-isolation -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -c "$(CHECK)"
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tools.warm_bytecode $(WARM_MODULES)
 	# The Connect client's overlay, made anew: exactly its pins, none of their
 	# requirements (the environment below it has the rest); checked to load
 	# pyspark's client code with its own protobuf.
-	$(if $(CONNECT_CLIENT),rm -rf $(CONNECT_CLIENT) && $(PIP) install --quiet --no-deps \
+	$(if $(CONNECT_CLIENT),rm -rf $(CONNECT_CLIENT) && $(PIP) $(INSTALL) --no-deps \
 	  --target $(CONNECT_CLIENT) -r $(CONNECT_CONSTRAINTS))
 	$(if $(CONNECT_CLIENT),PYTHONPATH=$(CURDIR)/$(CONNECT_CLIENT) $(PY) -c "$(CONNECT_CHECK)")
 	touch $(STAMP)
@@ -202,9 +219,9 @@ $(UNIT_STAMP): $(CONSTRAINTS) setup.py
 	$(call FRESH,$(UNIT_STAMP))
 	$(PYTHON_CHECK)
 	test -x $(UNIT_PY) || $(PYTHON) -m venv $(UNIT_VENV)
-	$(UNIT_PY) -m pip install --quiet --upgrade pip wheel
-	$(UNIT_PY) -m pip install --quiet -c $(CONSTRAINTS) setuptools
-	$(EDITABLE) $(UNIT_PY) -m pip install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
+	$(UNIT_PY) -m pip $(INSTALL) --upgrade pip wheel
+	$(UNIT_PY) -m pip $(INSTALL) -c $(CONSTRAINTS) setuptools
+	$(UNIT_PY) -m pip $(INSTALL) --no-build-isolation -c $(CONSTRAINTS) -e '.[delta,samples,dev]'
 	touch $(UNIT_STAMP)
 
 demo: $(STAMP)
@@ -277,7 +294,7 @@ bundle: $(STAMP)
 # The docs extra is part of dev; a .venv installed before it existed gets it here.
 docs: $(STAMP)
 	$(PY) -c "import mkdocs, mkdocstrings_handlers.python" 2>/dev/null || \
-	  $(PIP) install --quiet --no-build-isolation -c $(CONSTRAINTS) -e '.[docs]'
+	  $(PIP) $(INSTALL) --no-build-isolation -c $(CONSTRAINTS) -e '.[docs]'
 	$(PY) -m mkdocs build --strict -d site
 
 # The profiles besides the default, one a line (what .ci/run installs and tests).
