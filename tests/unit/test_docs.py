@@ -95,6 +95,7 @@ def site(tmp_path_factory):
     server.shutdown()
 
 
+@pytest.mark.repository
 def test_the_site_builds_in_strict_mode(site):
     """`mkdocs build --strict`: a broken link, a missing page or an API
     reference that does not resolve fails. mkdocstrings reads the sources
@@ -109,6 +110,7 @@ def test_the_site_builds_in_strict_mode(site):
     assert seconds < 60
 
 
+@pytest.mark.repository
 @pytest.mark.timeout(240)
 def test_every_page_renders_in_a_browser(site, tmp_path):
     """Every page of the built site in one headless Chromium at 1280 px
@@ -191,6 +193,7 @@ def test_the_benchmark_plot_is_drawn_from_the_results_the_page_shows():
         "plot_results(json.load(open('benchmarks/results.json')), 'benchmarks/results.png')\"")
 
 
+@pytest.mark.repository
 @pytest.mark.timeout(120)
 def test_the_browser_check_finds_each_kind_of_problem(tmp_path):
     """The checker itself, on a page planted with one of each problem."""

@@ -21,7 +21,7 @@ from dist_dl.app.databricks.jobs import WHEEL_PLACEHOLDER
 from tools.bundle import (BUNDLE_WHEEL, CLOUDS, BundleError, build, generate,
                                             main, resolve_target)
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.repository]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
