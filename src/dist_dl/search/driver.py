@@ -122,6 +122,7 @@ def _read_gap(trials: int) -> float:
     `_READS_PER_SECOND` reads a second in all."""
     return max(_POLL_SECONDS / max(trials, 1), 1 / _READS_PER_SECOND)
 
+
 def _sampler(algorithm: str, seed: int | None):
     import optuna
 
@@ -225,9 +226,9 @@ def search(train_fn: Callable[[dict, Any], float], space: Mapping[str, Any], *, 
             the median of finished trials at that step), ``"hyperband"``
             (Optuna's bandit rule), or None. On a Spark Connect session the
             trials log their reports to the tracking store, where the driver
-            reads them (each trial every 0.5 s, at most 4 reads a second) and from where a stopped trial learns
-            it at its next report: the store must be one the client and the
-            executors both reach.
+            reads them (each trial every 0.5 s, at most 4 reads a second)
+            and from where a stopped trial learns it at its next report: the
+            store must be one the client and the executors both reach.
         early_stopping_startup_trials: Finished trials before the median rule acts.
         early_stopping_warmup_steps: Steps of each trial before it may be stopped.
         seed: Seed of the sampler.
