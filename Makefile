@@ -169,11 +169,18 @@ PYTEST_ARGS ?=
 # run's hundreds of Python processes compiles every module it imports, dist_dl's
 # and, as pip installs without compiling (INSTALL), the libraries' too.
 unexport PYTHONDONTWRITEBYTECODE
-# Three tests at a time, each in a process of its own (pytest-xdist): much of
-# the reliability and separate-hosts tiers waits on timeouts and on other hosts,
-# so three keep two cores busy. Tests of one cluster share a process
-# (xdist_group, tests/conftest.py). JOBS=1 runs them one at a time.
-JOBS ?= 3
+# Tests at a time, each in a process of its own (pytest-xdist): one more than
+# the machine's cores, at least three (much of the reliability and
+# separate-hosts tiers waits on timeouts and on other hosts, so three keep two
+# cores busy) and at most one per 4 GB of memory (a test's Spark, workers and
+# frameworks). Tests of one cluster share a process (xdist_group,
+# tests/conftest.py). JOBS=1 runs them one at a time.
+CORES   := $(shell nproc 2>/dev/null || echo 2)
+MEM_GB  := $(shell awk '/^MemTotal:/ {print int($$2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
+ifeq ($(origin JOBS),undefined)
+JOBS := $(shell c=$(CORES); m=$$(( $(MEM_GB) / 4 )); j=$$(( c + 1 > 3 ? c + 1 : 3 )); \
+                echo $$(( j < m ? j : (m > 3 ? m : 3) )))
+endif
 # A test process that dies fails the run at once (--max-worker-restart 0): with
 # grouped scheduling, a replaced process can leave the run waiting for ever.
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --max-worker-restart 0)
