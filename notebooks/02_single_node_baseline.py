@@ -29,7 +29,7 @@ to_dict(config)["train"]
 # MAGIC %md
 # MAGIC ## The data
 # MAGIC
-# MAGIC Locally: the `demo` configuration's 32-pixel digits under `runs/shards`. On
+# MAGIC Locally: the `demo` configuration's 16-pixel digits under `runs/shards`. On
 # MAGIC Databricks set `config` to `imagenet_resnet50` (and `epochs`, `batch_size`,
 # MAGIC `learning_rate` to what you want measured; a few epochs are enough for throughput) on a
 # MAGIC single-node GPU cluster; prepare ImageNet with the `prepare` task of the training

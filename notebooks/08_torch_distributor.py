@@ -46,7 +46,7 @@ spark = get_spark()
 shards = params["shards"]
 if not shards:
     shards = os.path.abspath(os.path.join("runs", "torch_digits"))
-    train_images, val_images = write_digits_tree(os.path.join(shards, "_images"), image_size=32)
+    train_images, val_images = write_digits_tree(os.path.join(shards, "_images"), image_size=16)
     for split, images in (("train", train_images), ("validation", val_images)):
         # Row groups of 128 images: the readers give whole row groups to the
         # processes, so each needs at least one of the 363 validation images'.
@@ -93,7 +93,7 @@ from dist_dl import TorchDistributor
 distributor = TorchDistributor(num_processes=params["num_processes"],
                                local_mode=params["local_mode"], use_gpu=params["use_gpu"],
                                timeout=params["timeout"] or None)
-result = distributor.run(train_small_cnn_torch, train_url, validation_url,
+result = distributor.run(train_small_cnn_torch, train_url, validation_url, image_size=16,
                          epochs=params["epochs"], batch_size=params["batch_size"])
 
 for epoch, (loss, accuracy) in enumerate(zip(result["history"]["loss"],
@@ -122,7 +122,7 @@ from dist_dl import train_distributed
 trained = train_distributed(train_url, validation=validation_url, engine="torch",
                             backend="local" if params["local_mode"] else "spark",
                             num_workers=params["num_processes"], model="small_cnn",
-                            image_size=32, augment=False, epochs=10, learning_rate=0.1,
+                            image_size=16, augment=False, epochs=10, learning_rate=0.1,
                             warmup_epochs=1, batch_size=params["batch_size"],
                             timeout=params["timeout"] or None)
 print(f"MLflow run {trained.run_id}: " + ", ".join(

@@ -154,7 +154,7 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
         spark, store, tmp_path, capsys, engine):
     from pyspark.sql import functions as F
 
-    train_dir, val_dir = write_digits_tree(str(tmp_path / "digits"), image_size=32)
+    train_dir, val_dir = write_digits_tree(str(tmp_path / "digits"), image_size=16)
 
     def frame(folder):
         # Spark's binaryFile source: image bytes in `content`, the label from the path.
@@ -162,7 +162,7 @@ def test_digits_learn_on_two_spark_workers_and_transform_matches_the_mlflow_mode
                 .load(folder)
                 .withColumn("digit", F.regexp_extract("path", r"/(\d)/[^/]+$", 1)))
 
-    config = TrainConfig(model="small_cnn", image_size=32, image_col="content", label_col="digit",
+    config = TrainConfig(model="small_cnn", image_size=16, image_col="content", label_col="digit",
                          num_workers=2, backend="spark", epochs=6, batch_size=32,
                          learning_rate=0.1, warmup_epochs=1, augment=False,
                          eval_crop_fraction=1.0, output_dir=str(tmp_path / "out"),

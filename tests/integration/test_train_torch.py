@@ -38,7 +38,7 @@ EXACT = dict(augment=False, shuffle=False, deterministic=True, warmup_epochs=0,
 def digits(tmp_path_factory):
     """Digits as JPEG shards: 1,400 training and 397 validation images."""
     base = tmp_path_factory.mktemp("digits")
-    images = digit_images(1797, size=32)
+    images = digit_images(1797, size=16)
     for name, part in (("train", images[:1400]), ("val", images[1400:])):
         write_image_shards(str(base / name), (encode(img) for img, _ in part),
                            [label for _, label in part], 10, rows_per_row_group=100)
@@ -55,7 +55,7 @@ def trained_digits(digits, store, tmp_path_factory):
     train, val = digits
     return train_distributed(
         train, validation=val, engine="torch", backend="local", num_workers=2, epochs=10,
-        batch_size=32, learning_rate=0.1, warmup_epochs=1, image_size=32, augment=False,
+        batch_size=32, learning_rate=0.1, warmup_epochs=1, image_size=16, augment=False,
         tracking_uri=store, output_dir=str(tmp_path_factory.mktemp("out")))
 
 
