@@ -44,9 +44,10 @@ from dist_dl.prepare import ShardConfig, prepare_image_dataset, write_digits_tre
 
 spark = get_spark()
 shards = params["shards"]
+IMAGE_SIZE = 16  # scikit-learn's digits are 8 x 8 pixels
 if not shards:
     shards = os.path.abspath(os.path.join("runs", "torch_digits"))
-    train_images, val_images = write_digits_tree(os.path.join(shards, "_images"), image_size=16)
+    train_images, val_images = write_digits_tree(os.path.join(shards, "_images"), image_size=IMAGE_SIZE)
     for split, images in (("train", train_images), ("validation", val_images)):
         # Row groups of 128 images: the readers give whole row groups to the
         # processes, so each needs at least one of the 363 validation images'.
@@ -93,7 +94,7 @@ from dist_dl import TorchDistributor
 distributor = TorchDistributor(num_processes=params["num_processes"],
                                local_mode=params["local_mode"], use_gpu=params["use_gpu"],
                                timeout=params["timeout"] or None)
-result = distributor.run(train_small_cnn_torch, train_url, validation_url, image_size=16,
+result = distributor.run(train_small_cnn_torch, train_url, validation_url, image_size=IMAGE_SIZE,
                          epochs=params["epochs"], batch_size=params["batch_size"])
 
 for epoch, (loss, accuracy) in enumerate(zip(result["history"]["loss"],
@@ -122,7 +123,7 @@ from dist_dl import train_distributed
 trained = train_distributed(train_url, validation=validation_url, engine="torch",
                             backend="local" if params["local_mode"] else "spark",
                             num_workers=params["num_processes"], model="small_cnn",
-                            image_size=16, augment=False, epochs=10, learning_rate=0.1,
+                            image_size=IMAGE_SIZE, augment=False, epochs=10, learning_rate=0.1,
                             warmup_epochs=1, batch_size=params["batch_size"],
                             timeout=params["timeout"] or None)
 print(f"MLflow run {trained.run_id}: " + ", ".join(
